@@ -1,0 +1,156 @@
+"""The one form every strictops op contract takes.
+
+A contract is an ordered tuple of :class:`Check` rows. Each row is data: a rule id, a predicate
+over the op's arguments, the message it raises and the exception type. The same rows are run by
+
+* the op's eager implementation, before anything is allocated or launched,
+* the op's fake (meta) registration, on fake tensors with concrete or symbolic sizes, which is
+  what ``torch.compile`` and ``torch.export`` trace,
+* the tests, which ask the contract which message a broken rule must produce.
+
+Predicates receive the op's arguments by keyword and may return a Python ``bool`` (devices,
+dtypes, ranks) or a ``SymBool`` (relations between sizes). Both go through
+``torch._check_with``: with symbolic sizes the relation becomes a guard or a runtime assert on
+the relation itself, never a specialisation on a value. The message closure is only called when
+the check fails, so a passing check costs one predicate call.
+
+Messages are formatted from *concrete* views of the arguments (:func:`concrete`): a symbolic
+size is replaced by its hint, so the text raised while tracing with dynamic shapes is the text
+eager mode raises (``got 12``, never ``got s69``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+Predicate = Callable[..., "bool | torch.SymBool"]
+Message = Callable[..., str]
+
+
+def hint(value: Any) -> Any:
+    """The concrete value behind a SymInt/SymFloat/SymBool (its hint); other values unchanged."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        node = value.node
+        if node.hint is not None:
+            return node.hint
+        return node.shape_env.size_hint(node.expr)
+    return value
+
+
+def hint_size(size: Iterable[Any]) -> torch.Size:
+    return torch.Size([hint(s) for s in size])
+
+
+class ConcreteTensor:
+    """Read-only view of a tensor's metadata with every symbolic size replaced by its hint.
+
+    Used only to *format* messages: ``f"{t.shape[0]=}"`` on this view prints the number the
+    caller would see in eager mode.
+    """
+
+    __slots__ = ("_t",)
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self._t = t
+
+    @property
+    def shape(self) -> torch.Size:
+        return hint_size(self._t.shape)
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def stride(self, dim: int | None = None):
+        strides = tuple(hint(s) for s in self._t.stride())
+        return strides if dim is None else strides[dim]
+
+    def numel(self) -> int:
+        return hint(self._t.numel())
+
+    def __getattr__(self, name: str) -> Any:  # ndim, dtype, device, is_cuda, ...
+        return getattr(self._t, name)
+
+    def __repr__(self) -> str:
+        return f"ConcreteTensor(shape={tuple(self.shape)}, dtype={self._t.dtype}, device={self._t.device})"
+
+
+def concrete(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ConcreteTensor(value)
+    return hint(value)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One rule of a contract.
+
+    Attributes
+    ----------
+    rule:
+        Short stable id (``"same_device"``); tests and strategies refer to rules by it.
+    ok:
+        Predicate over the op's keyword arguments; ``True`` (or a true ``SymBool``) when the
+        rule holds.
+    message:
+        Builds the error text from the op's keyword arguments (given as concrete views).
+    error:
+        Exception type raised when the rule is broken.
+    """
+
+    rule: str
+    ok: Predicate
+    message: Message
+    error: type[Exception] = ValueError
+
+
+@dataclass(frozen=True)
+class Contract:
+    """The ordered checks of one op; the first failing check is the one reported.
+
+    Attributes
+    ----------
+    op:
+        Qualified op name, ``"strictops::<name>"``.
+    stem:
+        File stem shared by the op's modules (``ops/<stem>.py``, ``meta/<stem>.py``,
+        ``tests/test_<stem>.py``, ``compile_tests/test_<stem>_compile.py``,
+        ``benchmarks/bench_<stem>.py``).
+    checks:
+        The rules, in the order they are checked.
+    """
+
+    op: str
+    stem: str
+    checks: tuple[Check, ...]
+
+    def __post_init__(self) -> None:
+        rules = [c.rule for c in self.checks]
+        if len(set(rules)) != len(rules):
+            raise TypeError(f"{self.op}: duplicate rule ids in {rules}")
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        return tuple(c.rule for c in self.checks)
+
+    def check(self, rule: str) -> Check:
+        for c in self.checks:
+            if c.rule == rule:
+                return c
+        raise KeyError(f"{self.op} has no rule {rule!r}; rules: {self.rules}")
+
+    def validate(self, **args: Any) -> None:
+        """Run every check in order; raise the first failing one's error with its message."""
+        for c in self.checks:
+            torch._check_with(c.error, c.ok(**args), _lazy_message(c, args))
+
+    def expected_error(self, rule: str, **args: Any) -> tuple[type[Exception], str]:
+        """The (type, message) that breaking ``rule`` on these arguments must raise."""
+        c = self.check(rule)
+        return c.error, _lazy_message(c, args)()
+
+
+def _lazy_message(c: Check, args: Mapping[str, Any]) -> Callable[[], str]:
+    return lambda: c.message(**{k: concrete(v) for k, v in args.items()})

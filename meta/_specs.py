@@ -1,0 +1,64 @@
+"""Input descriptions shared by contracts, tests and the self-check.
+
+A contract describes its valid inputs as :class:`TensorSpec` dicts and, for each rule, a
+*near miss*: a function that takes a valid description and breaks exactly that rule. The
+hypothesis strategies, the self-check and the compile tests all build their inputs from these
+descriptions, so every way of calling an op is generated from the contract module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+import torch
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Metadata of one tensor argument: enough to build a real or a fake tensor."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+    stride: Optional[tuple[int, ...]] = None  # None: contiguous
+
+    def replace(self, **changes) -> "TensorSpec":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.stride if self.stride is not None else contiguous_strides(self.shape)
+
+    def empty(self) -> torch.Tensor:
+        """An uninitialised tensor (real, or fake under an active ``FakeTensorMode``)."""
+        return torch.empty_strided(self.shape, self.strides, dtype=self.dtype, device=self.device)
+
+    def with_gap(self, dim: int, gap: int = 1) -> "TensorSpec":
+        """Same shape, but stepping along ``dim`` skips ``gap`` extra elements: the tensor is
+        no longer contiguous at ``dim`` whenever ``shape[dim] > 1``."""
+        strides, acc = [0] * len(self.shape), 1
+        for i in reversed(range(len(self.shape))):
+            if i == dim:
+                acc += gap
+            strides[i] = acc
+            acc *= max(self.shape[i], 1)
+        return self.replace(stride=tuple(strides))
+
+
+Spec = Mapping[str, Optional[TensorSpec]]
+NearMiss = Callable[[dict], dict]
+
+
+def build(spec: Spec) -> dict:
+    """Uninitialised tensors for every entry of ``spec`` (``None`` stays ``None``)."""
+    return {k: (v.empty() if v is not None else None) for k, v in spec.items()}

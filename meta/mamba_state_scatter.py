@@ -1,0 +1,294 @@
+"""Contract of ``strictops::fused_mamba_state_scatter_with_mask`` (SPEC §1).
+
+Arguments
+---------
+dst : Tensor ``[num_layers, cache_size, *state_shape]``, mutated in place. Dims ``2..`` of one
+    ``(layer, slot)`` entry are contiguous; the layer and slot strides may be anything.
+src : Tensor ``[num_layers, spec_size, draft_tokens, *state_shape]``, contiguous, ``dst.dtype``.
+dst_indices_raw, step_indices_raw : Tensor ``[total_requests]``, int32 or int64, on ``dst``'s
+    device (any stride: they are read in place, never copied or cast).
+src_indices_raw : Tensor ``[total_requests]`` or None; the source row of each request
+    (``None`` means request ``i`` reads row ``i``).
+
+The first nine rules are the original kernel's, in its order and wording. The rules marked
+*added* close holes the original left open: a float index tensor was truncated silently, a CPU
+index tensor reached the launch, and ``src.dtype != dst.dtype`` reinterpreted bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.fx.experimental.symbolic_shapes import sym_and, sym_or
+
+from ._contract import Check, Contract
+from ._specs import TensorSpec
+
+OP_NAME = "fused_mamba_state_scatter_with_mask"
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _index_tensors(dst_indices_raw, step_indices_raw, src_indices_raw):
+    pairs = [("dst_indices_raw", dst_indices_raw), ("step_indices_raw", step_indices_raw)]
+    if src_indices_raw is not None:
+        pairs.append(("src_indices_raw", src_indices_raw))
+    return pairs
+
+
+def _entry_dims_contiguous(dst, **_):
+    # A contiguity walk restricted to dims 2..; a size-1 dim's stride is free. Built as one
+    # symbolic condition (no Python branch on a size), so tracing guards on the relation only.
+    expected, conds = 1, []
+    for i in range(dst.ndim - 1, 1, -1):
+        conds.append(sym_or(dst.shape[i] == 1, dst.stride(i) == expected))
+        expected = expected * dst.shape[i]
+    return sym_and(True, *conds)
+
+
+def _trailing_dims_equal(dst, src, **_):
+    if dst.ndim - 2 != src.ndim - 3:  # ranks are static: a plain branch specialises nothing
+        return False
+    return sym_and(True, *(a == b for a, b in zip(dst.shape[2:], src.shape[3:])))
+
+
+def _src_is_given(src_indices_raw):
+    return src_indices_raw is not None
+
+
+CHECKS = (
+    Check(
+        "same_device",
+        lambda dst, src, **_: dst.device == src.device,
+        lambda dst, src, **_: f"dst and src must be on the same device. {dst.device=} {src.device=}",
+    ),
+    Check(
+        "cuda",
+        lambda dst, src, **_: dst.is_cuda and src.is_cuda,
+        lambda **_: "fused_mamba_state_scatter_with_mask only supports CUDA tensors.",
+    ),
+    Check(
+        "ranks",
+        lambda dst, src, **_: dst.ndim >= 2 and src.ndim >= 3,
+        lambda dst, src, **_: f"Unexpected tensor ranks: {dst.ndim=} {src.ndim=}",
+    ),
+    Check(
+        "layer_dim",
+        lambda dst, src, **_: dst.shape[0] == src.shape[0],
+        lambda dst, src, **_: f"Layer dimension mismatch: {dst.shape[0]=} vs {src.shape[0]=}",
+    ),
+    Check(
+        "trailing_dims",
+        _trailing_dims_equal,
+        lambda dst, src, **_: f"Trailing dims mismatch: {dst.shape[2:]=} vs {src.shape[3:]=}",
+    ),
+    Check(  # added
+        "same_dtype",
+        lambda dst, src, **_: dst.dtype == src.dtype,
+        lambda dst, src, **_: f"dst and src must have the same dtype. {dst.dtype=} {src.dtype=}",
+    ),
+    Check(
+        "indices_1d",
+        lambda dst_indices_raw, step_indices_raw, **_: dst_indices_raw.ndim == 1
+        and step_indices_raw.ndim == 1,
+        lambda dst_indices_raw, step_indices_raw, **_: (
+            f"indices must be 1D: {dst_indices_raw.shape=} {step_indices_raw.shape=}"
+        ),
+    ),
+    Check(
+        "src_indices_1d",
+        lambda src_indices_raw, **_: not _src_is_given(src_indices_raw) or src_indices_raw.ndim == 1,
+        lambda dst_indices_raw, src_indices_raw, **_: (
+            f"indices must be 1D: {dst_indices_raw.shape=} {src_indices_raw.shape=}"
+        ),
+    ),
+    Check(
+        "indices_length",
+        lambda dst_indices_raw, step_indices_raw, **_: (
+            dst_indices_raw.shape[0] == step_indices_raw.shape[0]
+        ),
+        lambda dst_indices_raw, step_indices_raw, **_: (
+            f"indices length mismatch: {dst_indices_raw.shape[0]=} vs {step_indices_raw.shape[0]=}"
+        ),
+    ),
+    Check(
+        "src_indices_length",
+        lambda dst_indices_raw, src_indices_raw, **_: not _src_is_given(src_indices_raw)
+        or dst_indices_raw.shape[0] == src_indices_raw.shape[0],
+        lambda dst_indices_raw, src_indices_raw, **_: (
+            f"indices length mismatch: {dst_indices_raw.shape[0]=} vs {src_indices_raw.shape[0]=}"
+        ),
+    ),
+    Check(  # added
+        "indices_dtype",
+        lambda dst_indices_raw, step_indices_raw, **_: dst_indices_raw.dtype in INDEX_DTYPES
+        and step_indices_raw.dtype in INDEX_DTYPES,
+        lambda dst_indices_raw, step_indices_raw, **_: (
+            f"indices must be int32 or int64: {dst_indices_raw.dtype=} {step_indices_raw.dtype=}"
+        ),
+    ),
+    Check(  # added
+        "src_indices_dtype",
+        lambda src_indices_raw, **_: not _src_is_given(src_indices_raw)
+        or src_indices_raw.dtype in INDEX_DTYPES,
+        lambda dst_indices_raw, src_indices_raw, **_: (
+            f"indices must be int32 or int64: {dst_indices_raw.dtype=} {src_indices_raw.dtype=}"
+        ),
+    ),
+    Check(  # added
+        "indices_device",
+        lambda dst, dst_indices_raw, step_indices_raw, **_: dst_indices_raw.device == dst.device
+        and step_indices_raw.device == dst.device,
+        lambda dst, dst_indices_raw, step_indices_raw, **_: (
+            f"indices must be on dst's device: {dst.device=} "
+            f"{dst_indices_raw.device=} {step_indices_raw.device=}"
+        ),
+    ),
+    Check(  # added
+        "src_indices_device",
+        lambda dst, src_indices_raw, **_: not _src_is_given(src_indices_raw)
+        or src_indices_raw.device == dst.device,
+        lambda dst, src_indices_raw, **_: (
+            f"indices must be on dst's device: {dst.device=} {src_indices_raw.device=}"
+        ),
+    ),
+    Check(
+        "dst_entry_contiguous",
+        _entry_dims_contiguous,
+        lambda dst, **_: (
+            "fused_mamba_state_scatter_with_mask: dst entry dims "
+            f"(dims 2..{dst.ndim - 1}) must be contiguous; "
+            f"got shape={tuple(dst.shape)} strides={tuple(dst.stride())}"
+        ),
+    ),
+    Check(
+        "src_contiguous",
+        lambda src, **_: src.is_contiguous(),
+        lambda **_: "src tensor must be contiguous",
+    ),
+)
+
+CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="mamba_state_scatter", checks=CHECKS)
+
+
+def validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None) -> None:
+    """Run the contract on real, fake or symbolic tensors; raise the first broken rule."""
+    CONTRACT.validate(
+        dst=dst,
+        src=src,
+        dst_indices_raw=dst_indices_raw,
+        step_indices_raw=step_indices_raw,
+        src_indices_raw=src_indices_raw,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The input space, as data: valid calls and one near miss per rule. Tests, compile tests and the
+# self-check build every call from these.
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Free parameters of a valid call."""
+
+    num_layers: int
+    cache_size: int
+    spec_size: int
+    draft_tokens: int
+    state_shape: tuple[int, ...]
+    total_requests: int
+    dtype: torch.dtype = torch.float32
+    index_dtypes: tuple[torch.dtype, torch.dtype, torch.dtype] = (torch.int64,) * 3
+    with_src_indices: bool = False
+    device: str = "cuda:0"
+
+
+def valid_spec(d: Dims) -> dict:
+    idx = [TensorSpec((d.total_requests,), dt, d.device) for dt in d.index_dtypes]
+    return {
+        "dst": TensorSpec((d.num_layers, d.cache_size, *d.state_shape), d.dtype, d.device),
+        "src": TensorSpec((d.num_layers, d.spec_size, d.draft_tokens, *d.state_shape), d.dtype,
+                          d.device),
+        "dst_indices_raw": idx[0],
+        "step_indices_raw": idx[1],
+        "src_indices_raw": idx[2] if d.with_src_indices else None,
+    }
+
+
+def _other_device(device: str) -> str:
+    return "cuda:1" if device != "cuda:1" else "cuda:0"
+
+
+def _with(spec: dict, **changes) -> dict:
+    out = dict(spec)
+    for name, fields in changes.items():
+        out[name] = out[name].replace(**fields)
+    return out
+
+
+def _ensure_src_indices(spec: dict) -> dict:
+    if spec["src_indices_raw"] is not None:
+        return spec
+    return {**spec, "src_indices_raw": spec["dst_indices_raw"]}
+
+
+def _grow_last(spec: dict) -> dict:
+    """Make the innermost state dim (or, without state dims, add one) hold 2 elements."""
+    dst, src = spec["dst"], spec["src"]
+    if len(dst.shape) == 2:
+        return _with(spec, dst={"shape": (*dst.shape, 2)}, src={"shape": (*src.shape, 2)})
+    return _with(spec, dst={"shape": (*dst.shape[:-1], 2)}, src={"shape": (*src.shape[:-1], 2)})
+
+
+def _gap_innermost(t: TensorSpec, first_dim: int) -> TensorSpec | None:
+    for dim in reversed(range(first_dim, len(t.shape))):
+        if t.shape[dim] > 1:
+            return t.with_gap(dim)
+    return None
+
+
+def _break_dst_entry(spec: dict) -> dict:
+    gapped = _gap_innermost(spec["dst"], 2)
+    if gapped is None:
+        spec = _grow_last(spec)
+        gapped = _gap_innermost(spec["dst"], 2)
+    return {**spec, "dst": gapped}
+
+
+def _break_src_contiguity(spec: dict) -> dict:
+    gapped = _gap_innermost(spec["src"], 0)
+    if gapped is None:
+        spec = _grow_last(spec)
+        gapped = _gap_innermost(spec["src"], 0)
+    return {**spec, "src": gapped}
+
+
+def _everything_on(spec: dict, device: str) -> dict:
+    return {k: (v.replace(device=device) if v is not None else None) for k, v in spec.items()}
+
+
+NEAR_MISSES = {
+    "same_device": lambda s: _with(s, src={"device": _other_device(s["dst"].device)}),
+    "cuda": lambda s: _everything_on(s, "cpu"),
+    "ranks": lambda s: _with(s, dst={"shape": s["dst"].shape[:1]}),
+    "layer_dim": lambda s: _with(s, src={"shape": (s["src"].shape[0] + 1, *s["src"].shape[1:])}),
+    "trailing_dims": lambda s: _with(s, src={"shape": (*s["src"].shape, 3)}),
+    "same_dtype": lambda s: _with(
+        s, src={"dtype": torch.float16 if s["dst"].dtype != torch.float16 else torch.float32}),
+    "indices_1d": lambda s: _with(s, step_indices_raw={"shape": (*s["step_indices_raw"].shape, 1)}),
+    "src_indices_1d": lambda s: _with(
+        _ensure_src_indices(s), src_indices_raw={"shape": (1, s["dst_indices_raw"].shape[0])}),
+    "indices_length": lambda s: _with(
+        s, step_indices_raw={"shape": (s["dst_indices_raw"].shape[0] + 1,)}),
+    "src_indices_length": lambda s: _with(
+        _ensure_src_indices(s), src_indices_raw={"shape": (s["dst_indices_raw"].shape[0] + 2,)}),
+    "indices_dtype": lambda s: _with(s, dst_indices_raw={"dtype": torch.float32}),
+    "src_indices_dtype": lambda s: _with(_ensure_src_indices(s),
+                                         src_indices_raw={"dtype": torch.int16}),
+    "indices_device": lambda s: _with(s, step_indices_raw={"device": "cpu"}),
+    "src_indices_device": lambda s: _with(_ensure_src_indices(s),
+                                          src_indices_raw={"device": "cpu"}),
+    "dst_entry_contiguous": _break_dst_entry,
+    "src_contiguous": _break_src_contiguity,
+}

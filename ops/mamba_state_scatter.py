@@ -1,0 +1,248 @@
+"""Fused Mamba state scatter with mask (SPEC §1).
+
+After speculative-decoding verification, copy the accepted draft step's recurrent state of every
+request into the request's cache slot, for all layers, in one launch and without a host sync, so
+that the call can live inside a CUDA graph.
+
+Registration: ``torch.library.triton_op``. Its body validates through the contract in
+``strictops.meta.mamba_state_scatter`` and launches through ``wrap_triton``; the same body is the
+fake implementation, so ``torch.compile``/``torch.export`` run the contract on fake tensors (a bad
+call fails at trace time with the eager message) and Inductor sees the Triton launch itself
+instead of an opaque custom op.
+
+Semantics: for each request ``i`` with ``row = src_indices_raw[i]`` (or ``i``)::
+
+    valid(i) = step[i] >= 0 and step[i] < draft_tokens
+               and 0 <= dst_indices_raw[i] < cache_size and 0 <= row < spec_size
+    dst[l, dst_indices_raw[i]] = src[l, row, step[i]]   for every layer l, if valid(i)
+
+Invalid requests touch no memory. When several valid requests name the same cache slot the
+last one (largest ``i``) wins, as in a sequential loop, so the result never depends on the
+order in which programs run.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from strictops.meta import mamba_state_scatter as contract
+
+from ._interpret import interpreted
+
+__all__ = [
+    "fused_mamba_state_scatter_with_mask",
+    "reference",
+    "unfused_torch",
+    "launch_interpreted",
+]
+
+
+@triton.jit
+def _scatter_kernel(
+    dst_ptr,
+    src_ptr,
+    dst_idx_ptr,
+    step_idx_ptr,
+    src_idx_ptr,
+    n_requests,
+    cache_size,
+    spec_size,
+    draft_tokens,
+    entry_numel,
+    chunks_per_entry,
+    dst_layer_stride,
+    dst_slot_stride,
+    src_layer_stride,
+    src_row_stride,
+    src_step_stride,
+    dst_idx_stride,
+    step_idx_stride,
+    src_idx_stride,
+    HAS_SRC_INDICES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SCAN: tl.constexpr,
+):
+    """Copy one ``BLOCK``-element chunk of one (request, layer) entry.
+
+    Grid: ``(n_requests * chunks_per_entry, num_layers)``.
+
+    dst_ptr: ``[num_layers, cache_size, entry_numel]`` through ``dst_layer_stride`` /
+        ``dst_slot_stride``; the entry itself is contiguous.
+    src_ptr: ``[num_layers, spec_size, draft_tokens, entry_numel]`` through its three strides.
+    dst_idx_ptr / step_idx_ptr / src_idx_ptr: ``[n_requests]`` int32 or int64, any stride.
+    """
+    pid = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)
+    req = pid // chunks_per_entry
+    chunk = (pid % chunks_per_entry).to(tl.int64)
+
+    step = tl.load(step_idx_ptr + req * step_idx_stride).to(tl.int64)
+    slot = tl.load(dst_idx_ptr + req * dst_idx_stride).to(tl.int64)
+    if HAS_SRC_INDICES:
+        row = tl.load(src_idx_ptr + req * src_idx_stride).to(tl.int64)
+    else:
+        row = req.to(tl.int64)
+    valid = (step >= 0) & (step < draft_tokens) & (slot >= 0) & (slot < cache_size)
+    valid = valid & (row >= 0) & (row < spec_size)
+    if not valid:
+        return
+
+    # Last writer wins: skip if a later valid request targets the same slot.
+    later = tl.zeros([SCAN], dtype=tl.int32)
+    for j0 in range(0, n_requests, SCAN):
+        j = j0 + tl.arange(0, SCAN)
+        in_range = (j > req) & (j < n_requests)
+        s_j = tl.load(step_idx_ptr + j * step_idx_stride, mask=in_range, other=-1).to(tl.int64)
+        d_j = tl.load(dst_idx_ptr + j * dst_idx_stride, mask=in_range, other=-1).to(tl.int64)
+        if HAS_SRC_INDICES:
+            r_j = tl.load(src_idx_ptr + j * src_idx_stride, mask=in_range, other=-1).to(tl.int64)
+        else:
+            r_j = j.to(tl.int64)
+        v_j = in_range & (s_j >= 0) & (s_j < draft_tokens) & (d_j == slot)
+        v_j = v_j & (r_j >= 0) & (r_j < spec_size)
+        later = later | v_j.to(tl.int32)
+    if tl.max(later, axis=0) > 0:
+        return
+
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < entry_numel
+    src_base = src_ptr + layer * src_layer_stride + row * src_row_stride + step * src_step_stride
+    dst_base = dst_ptr + layer * dst_layer_stride + slot * dst_slot_stride
+    data = tl.load(src_base + offs, mask=mask)
+    tl.store(dst_base + offs, data, mask=mask)
+
+
+# Tuning, chosen by benchmarks/bench_mamba_state_scatter.py on the H200 (see the results file):
+# bytes one program copies, and warps per program.
+BLOCK_BYTES = 16384
+NUM_WARPS = 4
+# Requests compared per step of the duplicate-slot scan.
+SCAN = 128
+
+
+def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
+            block_bytes=BLOCK_BYTES, num_warps=NUM_WARPS):
+    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
+    n_requests = step_indices_raw.shape[0]
+    num_layers, cache_size = dst.shape[0], dst.shape[1]
+    spec_size, draft_tokens = src.shape[1], src.shape[2]
+    entry_numel = 1
+    for s in dst.shape[2:]:
+        entry_numel = entry_numel * s
+    block = max(block_bytes // dst.element_size(), 16)
+    chunks_per_entry = triton.cdiv(entry_numel, block)
+    has_src = src_indices_raw is not None
+    src_idx = src_indices_raw if has_src else step_indices_raw
+    grid = (n_requests * chunks_per_entry, num_layers, 1)
+    kernel[grid](
+        dst, src, dst_indices_raw, step_indices_raw, src_idx,
+        n_requests, cache_size, spec_size, draft_tokens, entry_numel, chunks_per_entry,
+        dst.stride(0), dst.stride(1),
+        src.stride(0), src.stride(1), src.stride(2),
+        dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
+        HAS_SRC_INDICES=has_src, BLOCK=block, SCAN=SCAN, num_warps=num_warps,
+    )
+
+
+@triton_op(contract.CONTRACT.op, mutates_args=("dst",))
+def _fused_mamba_state_scatter_with_mask(
+    dst: torch.Tensor,
+    src: torch.Tensor,
+    dst_indices_raw: torch.Tensor,
+    step_indices_raw: torch.Tensor,
+    src_indices_raw: Optional[torch.Tensor] = None,
+) -> None:
+    contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    _launch(wrap_triton(_scatter_kernel), dst, src, dst_indices_raw, step_indices_raw,
+            src_indices_raw)
+
+
+def fused_mamba_state_scatter_with_mask(
+    dst: torch.Tensor,
+    src: torch.Tensor,
+    dst_indices_raw: torch.Tensor,
+    step_indices_raw: torch.Tensor,
+    src_indices_raw: Optional[torch.Tensor] = None,
+) -> None:
+    """Scatter each accepted draft step's state into its cache slot, for all layers, in place.
+
+    Parameters
+    ----------
+    dst : torch.Tensor
+        ``[num_layers, cache_size, *state_shape]`` CUDA tensor, written in place. The entry
+        dims (``2..``) must be contiguous; layer and slot strides may be anything.
+    src : torch.Tensor
+        ``[num_layers, spec_size, draft_tokens, *state_shape]``, contiguous, ``dst.dtype``,
+        on ``dst``'s device.
+    dst_indices_raw : torch.Tensor
+        ``[total_requests]`` int32/int64: the cache slot of each request.
+    step_indices_raw : torch.Tensor
+        ``[total_requests]`` int32/int64: the accepted draft step; ``< 0`` skips the request.
+    src_indices_raw : torch.Tensor, optional
+        ``[total_requests]`` int32/int64: the ``src`` row of each request (default: ``i``).
+
+    Notes
+    -----
+    ``dst[l, dst_indices_raw[i]] = src[l, row_i, step_indices_raw[i]]`` for every layer and
+    every request whose indices are all in range; other requests are skipped without touching
+    memory, and when two valid requests name one slot the later request wins. One kernel
+    launch, no host sync, no copy of the index tensors. Bad metadata raises ``ValueError``
+    before launch in eager mode and at trace time under ``torch.compile``/``torch.export``.
+    """
+    torch.ops.strictops.fused_mamba_state_scatter_with_mask(
+        dst, src, dst_indices_raw, step_indices_raw, src_indices_raw
+    )
+
+
+def launch_interpreted(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None,
+                       **tuning):
+    """Run the kernel through the Triton interpreter on CPU tensors (tests, self-check).
+
+    The public op keeps its CUDA-only contract; this launcher exists so that CI, which has no
+    GPU, can check the kernel's arithmetic and its handling of bad index values.
+    """
+    with interpreted(_scatter_kernel) as kernel:
+        _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw, **tuning)
+
+
+def _valid_last_writer(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
+    """Boolean ``[n]`` mask of requests that write (valid, and no later valid request shares
+    their slot), plus the int64 slot / row / step of every request."""
+    n = step_indices_raw.shape[0]
+    slot = dst_indices_raw.long()
+    step = step_indices_raw.long()
+    row = (src_indices_raw.long() if src_indices_raw is not None
+           else torch.arange(n, device=step.device))
+    valid = ((step >= 0) & (step < src.shape[2]) & (slot >= 0) & (slot < dst.shape[1])
+             & (row >= 0) & (row < src.shape[1]))
+    same_slot_later = (slot[None, :] == slot[:, None]) & valid[None, :]
+    same_slot_later = torch.triu(same_slot_later, diagonal=1).any(dim=1)
+    return valid & ~same_slot_later, slot, row, step
+
+
+def reference(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None):
+    """Plain-PyTorch reference: returns a new tensor equal to ``dst`` after the op.
+
+    Works on any device; O(n²) in the number of requests (it resolves duplicate slots
+    explicitly), which is fine for tests. A copy is exact, so no upcast is needed.
+    """
+    out = dst.clone()
+    writes, slot, row, step = _valid_last_writer(dst, src, dst_indices_raw, step_indices_raw,
+                                                 src_indices_raw)
+    w = writes.nonzero(as_tuple=True)[0]
+    out[:, slot[w]] = src[:, row[w], step[w]]
+    return out
+
+
+def unfused_torch(dst, src, dst_indices_raw, step_indices_raw):
+    """The unfused PyTorch path the fused kernel replaces (benchmark baseline):
+    ``nonzero`` + ``index_select`` + ``index_put``; it syncs the host."""
+    valid = (step_indices_raw >= 0).nonzero(as_tuple=True)[0]
+    slots = dst_indices_raw.index_select(0, valid).long()
+    steps = step_indices_raw.index_select(0, valid).long()
+    dst[:, slots] = src[:, valid, steps]
