@@ -23,6 +23,7 @@ order in which programs run.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "reference",
     "unfused_torch",
     "launch_interpreted",
+    "example_inputs",
 ]
 
 
@@ -200,14 +202,66 @@ def fused_mamba_state_scatter_with_mask(
 
 
 def launch_interpreted(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None,
-                       **tuning):
+                       reverse_programs=False, **tuning):
     """Run the kernel through the Triton interpreter on CPU tensors (tests, self-check).
 
     The public op keeps its CUDA-only contract; this launcher exists so that CI, which has no
     GPU, can check the kernel's arithmetic and its handling of bad index values.
+    ``reverse_programs`` runs the programs in reverse grid order (see ``_interpret``).
     """
-    with interpreted(_scatter_kernel) as kernel:
+    with interpreted(_scatter_kernel, reverse_programs) as kernel:
         _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw, **tuning)
+
+
+def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict:
+    """Keyword arguments of a valid call whose index values reach every path of the kernel.
+
+    Parameters
+    ----------
+    device : str
+        Device of every tensor: ``"cpu"`` for :func:`launch_interpreted`, ``"cuda:N"`` for the op.
+    small : bool
+        Interpreter-sized shapes instead of a moderate GPU shape. The small sizes are pairwise
+        distinct and >= 2, so the self-check can also trace them with dynamic shapes without
+        Dynamo specialising (0/1) or duck-sizing (equal sizes) any of them.
+    generator : torch.Generator
+        CPU generator behind every random value.
+
+    Returns
+    -------
+    dict
+        ``dst`` ``[num_layers, cache_size, *state_shape]`` and ``src``
+        ``[num_layers, spec_size, draft_tokens, *state_shape]``: random float32.
+        ``dst_indices_raw`` (int32), ``step_indices_raw`` (int64) and ``src_indices_raw``
+        (int32), each ``[total_requests]``: random valid values, except that each holds one
+        negative and one out-of-range value (requests 0-5), and requests 6-8 name one slot with
+        6 and 7 valid and 8 skipped: 7 must overwrite 6, and 8 must not count as a writer.
+    """
+    if small:
+        dims = contract.Dims(num_layers=2, cache_size=7, spec_size=13, draft_tokens=3,
+                             state_shape=(4, 5), total_requests=11)
+    else:
+        dims = contract.Dims(num_layers=4, cache_size=256, spec_size=64, draft_tokens=4,
+                             state_shape=(8, 64, 32), total_requests=48)
+    dims = dataclasses.replace(dims, device=device, with_src_indices=True,
+                               index_dtypes=(torch.int32, torch.int64, torch.int32))
+    n = dims.total_requests
+    slot = torch.randint(0, dims.cache_size, (n,), generator=generator)
+    step = torch.randint(0, dims.draft_tokens, (n,), generator=generator)
+    row = torch.randint(0, dims.spec_size, (n,), generator=generator)
+    slot[0], slot[1] = -1, dims.cache_size
+    step[2], step[3] = -1, dims.draft_tokens
+    row[4], row[5] = -1, dims.spec_size
+    slot[7] = slot[8] = slot[6]
+    step[8] = -1
+    values = {"dst_indices_raw": slot, "step_indices_raw": step, "src_indices_raw": row}
+    out = {}
+    for name, spec in contract.valid_spec(dims).items():
+        value = values.get(name)
+        if value is None:
+            value = torch.randn(spec.shape, generator=generator, dtype=spec.dtype)
+        out[name] = value.to(device=spec.device, dtype=spec.dtype)
+    return out
 
 
 def _valid_last_writer(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):

@@ -1,0 +1,138 @@
+"""Benchmark harness shared by every strictops benchmark.
+
+Every number is a median from ``triton.testing.do_bench`` (CUDA events), and every op is
+reported against ceilings measured in the same run:
+
+* copy bandwidth: a large device-to-device ``copy_``, counting bytes read plus bytes written;
+* dense FP8 GEMM rate (for compute-bound ops): ``torch._scaled_mm`` at 8192³.
+
+Results go to ``<out>/<name>.json`` (every number), ``<out>/<name>.md`` (a table) and
+``<out>/<name>.png`` (a plot).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import triton
+from triton.testing import do_bench
+
+WARMUP_MS = 50
+REP_MS = 400
+
+
+def median_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS) -> float:
+    """Median device time of ``fn`` in microseconds (CUDA events, L2 flushed between runs)."""
+    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
+
+
+def graph_replay_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS) -> float:
+    """Median device time of one replay of ``fn`` captured in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile and load before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_us(graph.replay, warmup, rep)
+
+
+def wall_us(fn: Callable[[], object], calls: int = 2000) -> float:
+    """Host wall time per call of ``fn`` over back-to-back calls, synchronised at the end.
+
+    For a call whose kernel is shorter than its launch path this is the launch path's cost:
+    what a serving loop pays per call in eager mode.
+    """
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return sorted(samples)[len(samples) // 2]
+
+
+def copy_bandwidth_bytes_per_us(nbytes: int = 4 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per microsecond)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    us = median_us(lambda: dst.copy_(src))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / us
+
+
+def fp8_gemm_tflops(n: int = 8192) -> float:
+    """Dense FP8 e4m3 GEMM rate through ``torch._scaled_mm`` (n³, bf16 output)."""
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    us = median_us(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16))
+    return 2 * n**3 / us / 1e6
+
+
+@dataclass
+class Report:
+    """Rows of one benchmark plus the environment and ceilings they were measured with."""
+
+    name: str
+    ceilings: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        props = torch.cuda.get_device_properties(0)
+        self.env = {
+            "device": props.name,
+            "sms": props.multi_processor_count,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"),
+        }
+
+    def add(self, **row) -> dict:
+        self.rows.append(row)
+        return row
+
+    def write(self, out: Path, columns: list[str], plot: Callable | None = None) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{self.name}.json").write_text(json.dumps(asdict(self), indent=2, default=str))
+        lines = [f"# {self.name}", "",
+                 "env: " + ", ".join(f"{k}={v}" for k, v in self.env.items()), "",
+                 "ceilings: " + ", ".join(f"{k}={_fmt(v)}" for k, v in self.ceilings.items()), "",
+                 "| " + " | ".join(columns) + " |",
+                 "|" + "---|" * len(columns)]
+        for r in self.rows:
+            lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |")
+        (out / f"{self.name}.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        if plot is not None:
+            try:
+                import matplotlib
+            except ImportError:
+                print("matplotlib not installed: no plot")
+                return
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            fig = plot(plt, self)
+            fig.savefig(out / f"{self.name}.png", dpi=120, bbox_inches="tight")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)

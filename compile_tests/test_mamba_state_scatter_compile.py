@@ -1,0 +1,233 @@
+"""fused_mamba_state_scatter_with_mask under torch.compile, torch.export and CUDA graphs.
+
+CPU (CI), on fake CUDA tensors: one graph, no graph break, no recompile when the number of
+requests, the cache size, the layer count or the draft shape changes; every rule (the seed's
+cross-device scenario first) fails at trace time with its eager message; ``torch.export``
+traces the op and refuses bad inputs with the original ``ValueError``; the traced graph is one
+Triton launch, with no copy or cast of the index tensors.
+
+GPU (``-m gpu``): Inductor, ``mode="reduce-overhead"`` and a manual ``torch.cuda.graph`` capture
+equal eager bit for bit, and ``torch.library.opcheck`` passes with all its test utils.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.testing import CompileCounter
+
+from strictops.meta import mamba_state_scatter as contract
+from strictops.meta.testing import build, dynamo_error_text, fake_mode, gpu
+from strictops.ops import fused_mamba_state_scatter_with_mask
+from strictops.ops import mamba_state_scatter as op
+
+OP = torch.ops.strictops.fused_mamba_state_scatter_with_mask.default
+
+
+def step(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None):
+    """A model step around the op: work before and after it, so the op sits mid-graph."""
+    step_indices_raw = step_indices_raw - 1
+    fused_mamba_state_scatter_with_mask(dst, src, dst_indices_raw, step_indices_raw,
+                                        src_indices_raw)
+    return dst.sum()
+
+
+def _dims(i: int, with_src: bool = False) -> contract.Dims:
+    # Pairwise-distinct sizes >= 2 within each call (equal sizes would be duck-sized into one
+    # symbol, and 0/1 are specialised), and different across calls.
+    return contract.Dims(num_layers=2 + i, cache_size=11 + 3 * i, spec_size=5 + i,
+                         draft_tokens=3 + i, state_shape=(17 + i, 23 + i),
+                         total_requests=7 + 2 * i, with_src_indices=with_src)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("with_src", [False, True])
+def test_one_graph_no_break_no_recompile_across_sizes(with_src):
+    counter = CompileCounter()
+    compiled = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
+    with fake_mode():
+        for i in range(4):
+            compiled(**build(contract.valid_spec(_dims(i, with_src))))
+    assert counter.frame_count == 1, f"recompiled: {counter.frame_count} frames"
+    assert counter.op_count >= 3
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+class _GraphCaptured(Exception):
+    pass
+
+
+def _aot_forward_graph(args: dict) -> torch.fx.GraphModule:
+    """The forward graph AOTAutograd hands to Inductor for one call of the op.
+
+    The graph is captured at compile time; running it would need a GPU, so the captured
+    "compiled" function stops the call instead.
+    """
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+
+        def stop(*_):
+            raise _GraphCaptured
+
+        return stop
+
+    def call(*a):
+        OP(*a)
+        return a[0]
+
+    compiled = torch.compile(call, backend=aot_autograd(fw_compiler=capture), fullgraph=True,
+                             dynamic=True)
+    with pytest.raises(_GraphCaptured):
+        compiled(*args.values())
+    return graphs[0]
+
+
+def _kernel_launches(gm: torch.fx.GraphModule) -> list:
+    return [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+
+
+def test_inductor_receives_one_triton_launch_and_no_index_copies():
+    with fake_mode():
+        gm = _aot_forward_graph(build(contract.valid_spec(_dims(0, with_src=True))))
+    assert len(_kernel_launches(gm)) == 1, gm.code
+    tensor_ops = [n.target for n in gm.graph.nodes
+                  if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                  and n.target not in (torch.ops.aten.sym_stride.int, torch.ops.aten.sym_size.int)]
+    assert tensor_ops == [], gm.code  # no copy, cast or contiguous of any input
+
+
+@pytest.mark.parametrize("rule", contract.CONTRACT.rules)
+def test_every_rule_fails_at_trace_time(rule):
+    compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=True)
+    with fake_mode():
+        args = build(contract.NEAR_MISSES[rule](contract.valid_spec(_dims(1))))
+        _, message = contract.CONTRACT.expected_error(rule, **args)
+        with pytest.raises(Exception) as info:
+            compiled(**args)
+    assert type(info.value).__name__ == "TorchRuntimeError"
+    assert message in dynamo_error_text(info.value)  # with numbers, not symbols like s69
+
+
+@pytest.mark.parametrize("src_device", ["cuda:1", "cpu"])
+def test_seed_scenario_src_on_another_device_fails_at_trace_time(src_device):
+    compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=True)
+    with fake_mode():
+        spec = contract.valid_spec(_dims(0))
+        args = build({**spec, "src": spec["src"].replace(device=src_device)})
+        with pytest.raises(Exception) as info:
+            compiled(**args)
+    assert (f"dst and src must be on the same device. dst.device=device(type='cuda', index=0) "
+            f"src.device={torch.device(src_device)!r}") in dynamo_error_text(info.value)
+
+
+class _Step(torch.nn.Module):
+    def forward(self, dst, src, dst_indices_raw, step_indices_raw):
+        return step(dst, src, dst_indices_raw, step_indices_raw)
+
+
+def _export_dynamic_shapes():
+    layers, cache = torch.export.Dim("layers"), torch.export.Dim("cache")
+    spec, draft, n = torch.export.Dim("spec"), torch.export.Dim("draft"), torch.export.Dim("n")
+    return {
+        "dst": {0: layers, 1: cache},
+        "src": {0: layers, 1: spec, 2: draft},
+        "dst_indices_raw": {0: n},
+        "step_indices_raw": {0: n},
+    }
+
+
+def test_export_traces_the_op_with_dynamic_sizes():
+    with fake_mode():
+        args = build(contract.valid_spec(_dims(0)))
+        args.pop("src_indices_raw")
+        ep = torch.export.export(_Step(), (), kwargs=args, dynamic_shapes=_export_dynamic_shapes())
+    assert any("fused_mamba_state_scatter_with_mask" in str(n.target) for n in ep.graph.nodes)
+
+
+def test_export_refuses_a_bad_call_with_the_original_value_error():
+    with fake_mode():
+        args = build(contract.NEAR_MISSES["layer_dim"](contract.valid_spec(_dims(0))))
+        args.pop("src_indices_raw")
+        _, message = contract.CONTRACT.expected_error("layer_dim", **args)
+        with pytest.raises(ValueError) as info:
+            torch.export.export(_Step(), (), kwargs=args)
+    assert message in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU
+
+
+def _real_inputs(seed: int, n: int = 24, with_src: bool = True) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    layers, cache, spec, draft, state = 3, 40, 30, 5, (4, 64)
+    dst = torch.randn(layers, cache, *state, device="cuda", generator=gen)
+    src = torch.randn(layers, spec, draft, *state, device="cuda", generator=gen)
+    slots = torch.randint(-2, cache + 2, (n,), device="cuda", generator=gen, dtype=torch.int32)
+    steps = torch.randint(-1, draft + 1, (n,), device="cuda", generator=gen)
+    rows = (torch.randint(-1, spec + 1, (n,), device="cuda", generator=gen)
+            if with_src else None)
+    return {"dst": dst, "src": src, "dst_indices_raw": slots, "step_indices_raw": steps,
+            "src_indices_raw": rows}
+
+
+def _expected(args: dict) -> torch.Tensor:
+    ref_args = {**args, "step_indices_raw": args["step_indices_raw"] - 1}
+    return op.reference(**ref_args)
+
+
+@gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_gpu_inductor_equals_eager(mode):
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, mode=mode)
+    for seed in range(4):  # several sizes and values, one compile
+        args = _real_inputs(seed, n=24 + 5 * seed)
+        expected = _expected(args)
+        compiled(**args)
+        assert torch.equal(args["dst"], expected)
+
+
+@gpu
+def test_gpu_manual_cuda_graph_replays_new_indices():
+    static = _real_inputs(0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(**static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(**static)
+    for seed in range(1, 6):
+        fresh = _real_inputs(seed)
+        for name, t in fresh.items():
+            static[name].copy_(t)
+        expected = _expected(static)
+        graph.replay()
+        assert torch.equal(static["dst"], expected)
+
+
+@gpu
+def test_gpu_inductor_clones_only_what_the_kernel_writes():
+    """Triton's mutation analysis must see that the kernel stores to ``dst`` alone; anything
+    else in ``tensors_to_clone`` would make Inductor copy ``src`` on every call."""
+    gm = _aot_forward_graph(_real_inputs(3))
+    (launch,) = _kernel_launches(gm)
+    assert launch.kwargs["tensors_to_clone"] in ([], ["dst_ptr"]), gm.code
+
+
+@gpu
+def test_gpu_opcheck_all_utils():
+    for with_src in (False, True):
+        args = _real_inputs(7, with_src=with_src)
+        torch.library.opcheck(OP, tuple(args.values()))

@@ -1,0 +1,195 @@
+"""The self-check behind ``python -m strictops``.
+
+For every registered op (:data:`strictops.ops.OP_MODULES`) it shows three things:
+
+1. **Exact result.** The op on a valid call whose index tensors mix valid, negative,
+   out-of-range and duplicate values (the op module's ``example_inputs``) leaves its output
+   bit-identical to the op module's plain-PyTorch ``reference``. With a GPU the public op runs
+   on CUDA at a moderate shape; without one the kernel runs in the Triton interpreter on small
+   CPU tensors.
+2. **Clean trace.** ``torch.compile(fullgraph=True, dynamic=True)`` traces a call of the public
+   op on fake CUDA tensors (no GPU needed) with 0 graph breaks.
+3. **Bad calls fail at trace time.** For every rule of the op's contract, the contract's near
+   miss (a valid call that breaks exactly that rule) fails while tracing, and the error carries
+   the contract's message for that rule verbatim, i.e. the message eager mode raises.
+
+It prints one table row per check and a summary line, and returns 0 when every check passes,
+1 otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch._dynamo.utils import counters
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from strictops.meta import CONTRACTS
+from strictops.meta._specs import TensorSpec, build
+from strictops.ops import OP_MODULES
+
+SEED = 0
+# Fake tensors may name a CUDA device even in a CPU-only build of torch.
+FAKE_DEVICE = "cuda:0"
+PREVIEW = 70
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the report."""
+
+    op: str
+    check: str
+    passed: bool
+    detail: str
+
+
+def _preview(text: str) -> str:
+    """First line of ``text``, cut to about ``PREVIEW`` characters."""
+    lines = text.strip().splitlines()
+    line = lines[0] if lines else ""
+    return line if len(line) <= PREVIEW else line[:PREVIEW] + "..."
+
+
+def _short(op: str) -> str:
+    """``"strictops::name"`` -> ``"name"``."""
+    return op.split("::", 1)[1]
+
+
+def _public_function(op: str, module) -> Callable:
+    """The op's public function: its module's attribute named like the op."""
+    return getattr(module, _short(op))
+
+
+def _mutated_argument(op: str) -> str:
+    """Name of the one argument the op writes in place, read from its registered schema."""
+    namespace, name = op.split("::", 1)
+    schema = getattr(getattr(torch.ops, namespace), name).default._schema
+    (arg,) = [a.name for a in schema.arguments
+              if a.alias_info is not None and a.alias_info.is_write]
+    return arg
+
+
+def _example(module, device: str, small: bool) -> dict:
+    """The op module's example call, the same one on every run."""
+    return module.example_inputs(device, small, torch.Generator().manual_seed(SEED))
+
+
+def _fake_spec(module) -> dict:
+    """The small example call as tensor specs on ``FAKE_DEVICE``.
+
+    Its sizes are pairwise distinct and >= 2, so a dynamic trace keeps each one a separate
+    symbol. Strides are left contiguous, as ``valid_spec`` describes them, so the near misses
+    can change shapes freely.
+    """
+    return {
+        name: None if t is None else TensorSpec(tuple(t.shape), t.dtype, FAKE_DEVICE)
+        for name, t in _example(module, "cpu", small=True).items()
+    }
+
+
+@contextlib.contextmanager
+def _fake_args(spec: dict):
+    """Fake tensors for ``spec``, with Dynamo's caches and counters cleared first so that
+    every trace starts from scratch and counts only its own graph breaks."""
+    torch._dynamo.reset()
+    counters.clear()
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        yield build(spec)
+
+
+def _compiled(fn: Callable) -> Callable:
+    """``fn`` compiled as serving compiles it: one graph, sizes symbolic, no codegen."""
+    return torch.compile(fn, backend="eager", fullgraph=True, dynamic=True)
+
+
+def check_result(op: str, module) -> Row:
+    """Run the kernel on the example call and compare its output with the reference."""
+    if torch.cuda.is_available():
+        args = _example(module, "cuda:0", small=False)
+        run, where = _public_function(op, module), "GPU cuda:0"
+    else:
+        args = _example(module, "cpu", small=True)
+        run, where = module.launch_interpreted, "Triton interpreter"
+    name = _mutated_argument(op)
+    before = args[name].clone()
+    expected = module.reference(**args)
+    run(**args)
+    detail = f"{where}, {name} shape {list(before.shape)}"
+    # An example that writes nothing would let a kernel that does nothing pass.
+    if torch.equal(expected, before):
+        return Row(op, "exact result", False, f"{detail}: the example call writes nothing")
+    return Row(op, "exact result", torch.equal(args[name], expected), detail)
+
+
+def check_trace(op: str, module, spec: dict) -> Row:
+    """Trace a valid call of the public op on fake CUDA tensors; count graph breaks."""
+    with _fake_args(spec) as args:
+        _compiled(_public_function(op, module))(**args)
+    breaks = sum(counters["graph_break"].values())
+    return Row(op, "compile trace", breaks == 0,
+               f"{breaks} graph breaks (fullgraph, dynamic shapes, fake {FAKE_DEVICE})")
+
+
+def check_rule(op: str, module, spec: dict, rule: str) -> Row:
+    """Trace the rule's near miss; the trace must fail with the rule's message."""
+    bad = module.contract.NEAR_MISSES[rule](spec)
+    with _fake_args(bad) as args:
+        _, message = CONTRACTS[op].expected_error(rule, **args)
+        try:
+            _compiled(_public_function(op, module))(**args)
+        except Exception as exc:  # Dynamo wraps the contract's error; only its text matters
+            raised = str(exc)
+        else:
+            return Row(op, "bad call", False, f"{rule}: traced without error")
+    if message in raised:
+        return Row(op, "bad call", True, f"{rule}: {_preview(message)}")
+    return Row(op, "bad call", False, f"{rule}: error lacks the message {_preview(message)!r}")
+
+
+def _guarded(op: str, check: str, run: Callable[[], Row]) -> Row:
+    """``run()``, with a crash reported as a failed check so the other checks still run."""
+    try:
+        return run()
+    except Exception as exc:
+        return Row(op, check, False, _preview(f"{type(exc).__name__}: {exc}"))
+
+
+def check_op(op: str, module) -> list[Row]:
+    """Every check of one op, in report order."""
+    spec = _fake_spec(module)
+    rows = [
+        _guarded(op, "exact result", functools.partial(check_result, op, module)),
+        _guarded(op, "compile trace", functools.partial(check_trace, op, module, spec)),
+    ]
+    for rule in CONTRACTS[op].rules:
+        check = functools.partial(check_rule, op, module, spec, rule)
+        rows.append(_guarded(op, "bad call", check))
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    """Left-aligned plain-text columns; the last column is not padded."""
+    cells = [("op", "check", "result", "detail")]
+    cells += [(_short(r.op), r.check, "PASS" if r.passed else "FAIL", r.detail) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(3)]
+    lines = ["  ".join([*(f"{v:<{w}}" for v, w in zip(c, widths)), c[3]]) for c in cells]
+    lines.insert(1, "  ".join([*("-" * w for w in widths), "-" * 6]))
+    print("\n".join(lines))
+
+
+def main() -> int:
+    """Run every check of every op, print the report; 0 if all pass, else 1."""
+    start = time.perf_counter()
+    rows = [row for op, module in OP_MODULES.items() for row in check_op(op, module)]
+    print_table(rows)
+    failed = sum(not r.passed for r in rows)
+    print(f"\n{len(OP_MODULES)} op(s), {len(rows)} checks: {len(rows) - failed} passed, "
+          f"{failed} failed ({time.perf_counter() - start:.1f} s)")
+    return 1 if failed else 0

@@ -1,0 +1,239 @@
+"""fused_mamba_state_scatter_with_mask: contract messages, eager/fake parity, kernel numerics.
+
+CPU (CI): messages on fake CUDA tensors pinned with expecttest; near misses drawn from the
+contract raise the same error on the eager path (concrete sizes) and the fake path (symbolic
+sizes); the kernel under the Triton interpreter equals the reference exactly for any index
+values. GPU (``-m gpu``): the same numerics and near misses on real CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import expecttest
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from strictops.meta import mamba_state_scatter as contract
+from strictops.meta.testing import (
+    HAS_TWO_GPUS,
+    build,
+    fake_mode,
+    gpu,
+    mamba_dims,
+    mamba_index_values,
+    mamba_near_miss,
+)
+from strictops.ops import fused_mamba_state_scatter_with_mask
+from strictops.ops import mamba_state_scatter as op
+
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DIMS = contract.Dims(num_layers=3, cache_size=7, spec_size=5, draft_tokens=4,
+                     state_shape=(2, 6), total_requests=4)
+
+
+def _raised(fn, **kwargs) -> BaseException:
+    with pytest.raises(Exception) as info:
+        fn(**kwargs)
+    return info.value
+
+
+def _message_on_fake(rule: str, dims: contract.Dims = DIMS) -> str:
+    with fake_mode():
+        args = build(contract.NEAR_MISSES[rule](contract.valid_spec(dims)))
+        err = _raised(fused_mamba_state_scatter_with_mask, **args)
+    assert type(err) is ValueError
+    return str(err)
+
+
+class TestMessages(expecttest.TestCase):
+    """Every rule of SPEC §1 (and the added ones) on fake CUDA tensors, message pinned."""
+
+    def test_same_device_cuda0_vs_cuda1(self):
+        self.assertExpectedInline(_message_on_fake("same_device"), """dst and src must be on the same device. dst.device=device(type='cuda', index=0) src.device=device(type='cuda', index=1)""")
+
+    def test_cuda(self):
+        self.assertExpectedInline(_message_on_fake("cuda"), """fused_mamba_state_scatter_with_mask only supports CUDA tensors.""")
+
+    def test_ranks(self):
+        self.assertExpectedInline(_message_on_fake("ranks"), """Unexpected tensor ranks: dst.ndim=1 src.ndim=5""")
+
+    def test_layer_dim(self):
+        self.assertExpectedInline(_message_on_fake("layer_dim"), """Layer dimension mismatch: dst.shape[0]=3 vs src.shape[0]=4""")
+
+    def test_trailing_dims(self):
+        self.assertExpectedInline(_message_on_fake("trailing_dims"), """Trailing dims mismatch: dst.shape[2:]=torch.Size([2, 6]) vs src.shape[3:]=torch.Size([2, 6, 3])""")
+
+    def test_same_dtype(self):
+        self.assertExpectedInline(_message_on_fake("same_dtype"), """dst and src must have the same dtype. dst.dtype=torch.float32 src.dtype=torch.float16""")
+
+    def test_indices_1d(self):
+        self.assertExpectedInline(_message_on_fake("indices_1d"), """indices must be 1D: dst_indices_raw.shape=torch.Size([4]) step_indices_raw.shape=torch.Size([4, 1])""")
+
+    def test_src_indices_1d(self):
+        self.assertExpectedInline(_message_on_fake("src_indices_1d"), """indices must be 1D: dst_indices_raw.shape=torch.Size([4]) src_indices_raw.shape=torch.Size([1, 4])""")
+
+    def test_indices_length(self):
+        self.assertExpectedInline(_message_on_fake("indices_length"), """indices length mismatch: dst_indices_raw.shape[0]=4 vs step_indices_raw.shape[0]=5""")
+
+    def test_src_indices_length(self):
+        self.assertExpectedInline(_message_on_fake("src_indices_length"), """indices length mismatch: dst_indices_raw.shape[0]=4 vs src_indices_raw.shape[0]=6""")
+
+    def test_indices_dtype(self):
+        self.assertExpectedInline(_message_on_fake("indices_dtype"), """indices must be int32 or int64: dst_indices_raw.dtype=torch.float32 step_indices_raw.dtype=torch.int64""")
+
+    def test_src_indices_dtype(self):
+        self.assertExpectedInline(_message_on_fake("src_indices_dtype"), """indices must be int32 or int64: dst_indices_raw.dtype=torch.int64 src_indices_raw.dtype=torch.int16""")
+
+    def test_indices_device(self):
+        self.assertExpectedInline(_message_on_fake("indices_device"), """indices must be on dst's device: dst.device=device(type='cuda', index=0) dst_indices_raw.device=device(type='cuda', index=0) step_indices_raw.device=device(type='cpu')""")
+
+    def test_src_indices_device(self):
+        self.assertExpectedInline(_message_on_fake("src_indices_device"), """indices must be on dst's device: dst.device=device(type='cuda', index=0) src_indices_raw.device=device(type='cpu')""")
+
+    def test_dst_entry_contiguous(self):
+        self.assertExpectedInline(_message_on_fake("dst_entry_contiguous"), """fused_mamba_state_scatter_with_mask: dst entry dims (dims 2..3) must be contiguous; got shape=(3, 7, 2, 6) strides=(168, 24, 12, 2)""")
+
+    def test_src_contiguous(self):
+        self.assertExpectedInline(_message_on_fake("src_contiguous"), """src tensor must be contiguous""")
+
+    def test_every_rule_has_a_pinned_message_and_a_near_miss(self):
+        pinned = {name[len("test_"):] for name in dir(self) if name.startswith("test_")}
+        pinned.add("same_device")  # pinned by its seed scenario, cuda:0 against cuda:1
+        self.assertEqual(set(contract.CONTRACT.rules) - pinned, set())
+        self.assertEqual(set(contract.NEAR_MISSES), set(contract.CONTRACT.rules))
+
+    def test_zero_requests_are_still_validated(self):
+        dims = contract.Dims(**{**DIMS.__dict__, "total_requests": 0})
+        self.assertIn("Layer dimension mismatch", _message_on_fake("layer_dim", dims))
+
+
+@settings(SETTINGS, max_examples=60)
+@given(case=mamba_near_miss())
+def test_near_miss_eager_and_fake_paths_agree(case):
+    """One rule broken at a time: the eager path (concrete sizes) and the fake path (symbolic
+    sizes, as traced by torch.compile/export) both raise exactly that rule's error."""
+    rule, spec = case
+    with fake_mode():  # concrete sizes: what an eager call computes
+        args = build(spec)
+        want_type, want_msg = contract.CONTRACT.expected_error(rule, **args)
+        eager = _raised(fused_mamba_state_scatter_with_mask, **args)
+    with fake_mode() as mode:  # symbolic sizes: what a dynamic-shape trace computes
+        fake = _raised(fused_mamba_state_scatter_with_mask, **build_symbolic(spec, mode))
+    assert (type(eager), str(eager)) == (want_type, want_msg)
+    assert (type(fake), str(fake)) == (want_type, want_msg)
+
+
+def build_symbolic(spec, mode):
+    """Tensors of ``spec`` whose sizes and strides are symbols of ``mode``'s shape env."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    out = {}
+    for name, s in spec.items():
+        if s is None:
+            out[name] = None
+            continue
+        real = torch.empty_strided(s.shape, s.strides, dtype=s.dtype, device="meta")
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * len(s.shape))
+        sym = mode.from_tensor(real, symbolic_context=ctx)  # symbolic sizes, device "meta"
+        out[name] = torch.empty_strided(sym.shape, sym.stride(), dtype=s.dtype, device=s.device)
+    return out
+
+
+def _fill(dims: contract.Dims, values: dict, device: str, gen: torch.Generator) -> dict:
+    """Real tensors for ``dims``: random state data (never zeros) and the drawn index values."""
+    spec = contract.valid_spec(dims)
+    args = {}
+    for name in ("dst", "src"):
+        s = spec[name]
+        if s.dtype.is_floating_point:
+            t = torch.randn(s.shape, generator=gen).to(s.dtype)
+        else:
+            t = torch.randint(-100, 100, s.shape, generator=gen).to(s.dtype)
+        args[name] = t.to(device)
+    for name, vals in values.items():
+        s = spec[name]
+        args[name] = None if vals is None else torch.tensor(vals, dtype=s.dtype, device=device)
+    return args
+
+
+@settings(SETTINGS, max_examples=120)
+@given(data=st.data())
+def test_interpreted_kernel_equals_reference(data):
+    """Any index values (negative, out of range, near INT32_MAX, duplicate slots): the kernel
+    writes exactly what the reference writes and reads nothing it should not."""
+    dims = data.draw(mamba_dims(device="cpu"))
+    values = mamba_index_values(data.draw, dims)
+    tuning = data.draw(st.sampled_from([{}, {"block_bytes": 16}, {"block_bytes": 64}]))
+    reverse = data.draw(st.booleans())  # the result must not depend on program order
+    args = _fill(dims, values, "cpu", torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
+    expected = op.reference(**args)
+    src_before = args["src"].clone()
+    op.launch_interpreted(**args, reverse_programs=reverse, **tuning)
+    assert torch.equal(args["dst"], expected)
+    assert torch.equal(args["src"], src_before)
+
+
+def test_interpreted_kernel_reads_strided_index_tensors_in_place():
+    """Index tensors with a stride are read through it, not copied."""
+    gen = torch.Generator().manual_seed(0)
+    dst, src = torch.randn(2, 6, 3, generator=gen), torch.randn(2, 4, 3, 3, generator=gen)
+    slots = torch.tensor([5, -1, 0, -1, 3, -1, 2, -1], dtype=torch.int32)[::2]
+    steps = torch.tensor([2, 9, 0, 9, 9, 9, 1, 9], dtype=torch.int64)[::2]
+    expected = op.reference(dst, src, slots, steps)
+    op.launch_interpreted(dst, src, slots, steps)
+    assert torch.equal(dst, expected)
+    # slot 3's request asked for step 9 >= draft_tokens: skipped; the other three were written.
+    assert torch.equal(dst[:, 5], src[:, 0, 2]) and torch.equal(dst[:, 2], src[:, 3, 1])
+
+
+@pytest.mark.parametrize("reverse_programs", [False, True])
+def test_duplicate_slots_last_valid_request_wins(reverse_programs):
+    gen = torch.Generator().manual_seed(1)
+    dst, src = torch.randn(2, 3, 4, generator=gen), torch.randn(2, 4, 2, 4, generator=gen)
+    slots = torch.tensor([1, 1, 1, 1])
+    steps = torch.tensor([0, 1, 1, -1])  # request 3 is rejected: request 2 is the last writer
+    op.launch_interpreted(dst, src, slots, steps, reverse_programs=reverse_programs)
+    assert torch.equal(dst[:, 1], src[:, 2, 1])
+
+
+# --------------------------------------------------------------------------------------------
+# GPU
+
+
+@gpu
+@settings(SETTINGS, max_examples=60)
+@given(data=st.data())
+def test_gpu_op_equals_reference(data):
+    dims = data.draw(mamba_dims(device="cuda"))
+    values = mamba_index_values(data.draw, dims)
+    args = _fill(dims, values, "cuda", torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
+    expected = op.reference(**args)
+    fused_mamba_state_scatter_with_mask(**args)
+    assert torch.equal(args["dst"], expected)
+
+
+@gpu
+@settings(SETTINGS, max_examples=60)
+@given(case=mamba_near_miss(device="cuda:0"))
+def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
+    rule, spec = case
+    if rule == "same_device" and not HAS_TWO_GPUS:
+        spec = {**spec, "src": spec["src"].replace(device="cpu")}
+    args = {k: (v.empty().zero_() if v is not None else None) for k, v in spec.items()}
+    dst_before = args["dst"].clone()
+    want_type, want_msg = contract.CONTRACT.expected_error(rule, **args)
+    err = _raised(fused_mamba_state_scatter_with_mask, **args)
+    assert (type(err), str(err)) == (want_type, want_msg)
+    assert torch.equal(args["dst"], dst_before)
+
+
+@gpu
+def test_gpu_large_entry_and_large_strides():
+    """Entries past 2**31 bytes of dst offset: index arithmetic is 64-bit."""
+    dst = torch.empty(2, 3, 1 << 28, dtype=torch.float16, device="cuda")  # 3 GiB
+    src = torch.randn(2, 1, 1, 1 << 28, device="cuda").to(torch.float16)
+    slots = torch.tensor([2], device="cuda", dtype=torch.int32)
+    steps = torch.tensor([0], device="cuda", dtype=torch.int32)
+    fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+    assert torch.equal(dst[:, 2], src[:, 0, 0])
