@@ -120,11 +120,14 @@ class Contract:
         ``benchmarks/bench_<stem>.py``).
     checks:
         The rules, in the order they are checked.
+    mutates:
+        Names of the arguments the op writes in place (declared in its schema).
     """
 
     op: str
     stem: str
     checks: tuple[Check, ...]
+    mutates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         rules = [c.rule for c in self.checks]

@@ -169,7 +169,8 @@ CHECKS = (
     ),
 )
 
-CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="mamba_state_scatter", checks=CHECKS)
+CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="mamba_state_scatter", checks=CHECKS,
+                    mutates=("dst",))
 
 
 def validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None) -> None:

@@ -151,7 +151,7 @@ def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw
     )
 
 
-@triton_op(contract.CONTRACT.op, mutates_args=("dst",))
+@triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
 def _fused_mamba_state_scatter_with_mask(
     dst: torch.Tensor,
     src: torch.Tensor,
