@@ -11,6 +11,7 @@ sweeps the kernel's tuning knobs, and times an eager call's host wall time.
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import torch
@@ -26,7 +27,10 @@ SHAPES = [
     ("ssm_1req", 36, 512, (8, 128, 128), torch.float32, 1, 4, 1),
     ("conv_64req", 36, 512, (2048, 3), torch.bfloat16, 64, 4, 51),
 ]
-TUNING = [(8192, 4), (16384, 4), (16384, 8), (32768, 8)]
+# (bytes per program, warps, eviction policy): swept on every run, reported as floor / time of
+# a graph replay; the op's defaults are the row marked in ops/mamba_state_scatter.py.
+TUNING = [(8192, 4, ""), (16384, 4, ""), (8192, 2, "evict_first"), (8192, 4, "evict_first"),
+          (16384, 2, "evict_first"), (16384, 4, "evict_first"), (32768, 8, "evict_first")]
 
 
 def make_inputs(layers, cache, state, dtype, requests, draft, valid, gen):
@@ -67,19 +71,24 @@ def main() -> None:
         del expected
 
         tuning = {}
-        for block_bytes, warps in TUNING:
-            launch = lambda: m._launch(m._scatter_kernel, dst, src, slots, steps, None,  # noqa: E731
-                                       block_bytes=block_bytes, num_warps=warps)
-            tuning[f"{block_bytes}B/{warps}w"] = floor_us / median_us(launch)
+        for block_bytes, warps, eviction in TUNING:
+            launch = functools.partial(m._launch, m._scatter_kernel, dst, src, slots, steps,
+                                       None, block_bytes=block_bytes, num_warps=warps,
+                                       eviction=eviction)
+            tuning[f"{block_bytes}B/{warps}w/{eviction or 'normal'}"] = (
+                floor_us / graph_replay_us(launch))
 
         eager_us = median_us(ours)
         graph_us = graph_replay_us(ours)
         wall = wall_us(ours)
+        dispatcher_wall = wall_us(lambda: torch.ops.strictops.fused_mamba_state_scatter_with_mask(
+            dst, src, slots, steps))
         unfused_us = median_us(lambda: m.unfused_torch(dst, src, slots, steps))
         report.add(
             shape=name, dst=f"{list(dst.shape)} {str(dtype)[6:]}", requests=requests,
             valid=n_valid, bit_exact=exact, floor_us=floor_us, eager_us=eager_us,
-            graph_us=graph_us, eager_wall_us=wall, unfused_us=unfused_us,
+            graph_us=graph_us, eager_wall_us=wall, dispatcher_wall_us=dispatcher_wall,
+            unfused_us=unfused_us,
             eager_bw_ratio=floor_us / eager_us, graph_bw_ratio=floor_us / graph_us,
             speedup_vs_unfused=unfused_us / eager_us, tuning_bw_ratio=tuning,
         )
@@ -87,7 +96,7 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     report.write(args.out, ["shape", "dst", "valid", "bit_exact", "floor_us", "eager_us",
-                            "graph_us", "eager_wall_us", "unfused_us", "eager_bw_ratio",
+                            "graph_us", "eager_wall_us", "dispatcher_wall_us", "unfused_us", "eager_bw_ratio",
                             "graph_bw_ratio", "speedup_vs_unfused"], plot=_plot)
     for r in report.rows:
         print(r["shape"], "tuning (floor/time):",

@@ -18,7 +18,14 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.testing import CompileCounter
 
 from strictops.meta import mamba_state_scatter as contract
-from strictops.meta.testing import build, dynamo_error_text, fake_mode, gpu
+from strictops.meta.testing import (
+    HAS_CUDA,
+    HAS_TWO_GPUS,
+    build,
+    dynamo_error_text,
+    fake_mode,
+    gpu,
+)
 from strictops.ops import fused_mamba_state_scatter_with_mask
 from strictops.ops import mamba_state_scatter as op
 
@@ -118,7 +125,11 @@ def test_every_rule_fails_at_trace_time(rule):
     assert message in dynamo_error_text(info.value)  # with numbers, not symbols like s69
 
 
-@pytest.mark.parametrize("src_device", ["cuda:1", "cpu"])
+@pytest.mark.parametrize("src_device", [
+    pytest.param("cuda:1", marks=pytest.mark.skipif(
+        HAS_CUDA and not HAS_TWO_GPUS, reason="a real single-GPU machine has no cuda:1")),
+    "cpu",
+])
 def test_seed_scenario_src_on_another_device_fails_at_trace_time(src_device):
     compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=True)
     with fake_mode():

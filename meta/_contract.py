@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
+from torch.fx.experimental.symbolic_shapes import sym_and, sym_or
 
 Predicate = Callable[..., "bool | torch.SymBool"]
 Message = Callable[..., str]
@@ -75,6 +76,34 @@ class ConcreteTensor:
 
     def __repr__(self) -> str:
         return f"ConcreteTensor(shape={tuple(self.shape)}, dtype={self._t.dtype}, device={self._t.device})"
+
+
+def sym_all(conds: Iterable[Any]) -> Any:
+    """``all(conds)`` for bools and SymBools, without turning a SymBool into a Python bool.
+
+    Plain ``True`` entries are skipped cheaply (the common case in eager mode); a plain
+    ``False`` decides at once; the symbolic rest is combined into one ``SymBool``, so the
+    caller's ``torch._check_with`` guards on the relation, not on values.
+    """
+    symbolic = []
+    for c in conds:
+        if c is True:
+            continue
+        if c is False:
+            return False
+        symbolic.append(c)
+    return sym_and(*symbolic) if symbolic else True
+
+
+def sym_either(a: Any, b: Any) -> Any:
+    """``a or b`` for bools and SymBools, without a guard when either side is a plain bool."""
+    if a is True or b is True:
+        return True
+    if a is False:
+        return b
+    if b is False:
+        return a
+    return sym_or(a, b)
 
 
 def concrete(value: Any) -> Any:
@@ -147,7 +176,11 @@ class Contract:
     def validate(self, **args: Any) -> None:
         """Run every check in order; raise the first failing one's error with its message."""
         for c in self.checks:
-            torch._check_with(c.error, c.ok(**args), _lazy_message(c, args))
+            ok = c.ok(**args)
+            # A plain True needs no guard and no message closure: the eager fast path.
+            # Anything else (False, or a SymBool while tracing) goes through _check_with.
+            if ok is not True:
+                torch._check_with(c.error, ok, _lazy_message(c, args))
 
     def expected_error(self, rule: str, **args: Any) -> tuple[type[Exception], str]:
         """The (type, message) that breaking ``rule`` on these arguments must raise."""

@@ -20,9 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.fx.experimental.symbolic_shapes import sym_and, sym_or
-
-from ._contract import Check, Contract
+from ._contract import Check, Contract, sym_all, sym_either
 from ._specs import TensorSpec
 
 OP_NAME = "fused_mamba_state_scatter_with_mask"
@@ -40,17 +38,18 @@ def _index_tensors(dst_indices_raw, step_indices_raw, src_indices_raw):
 def _entry_dims_contiguous(dst, **_):
     # A contiguity walk restricted to dims 2..; a size-1 dim's stride is free. Built as one
     # symbolic condition (no Python branch on a size), so tracing guards on the relation only.
+    shape, strides = dst.shape, dst.stride()
     expected, conds = 1, []
-    for i in range(dst.ndim - 1, 1, -1):
-        conds.append(sym_or(dst.shape[i] == 1, dst.stride(i) == expected))
-        expected = expected * dst.shape[i]
-    return sym_and(True, *conds)
+    for i in range(len(shape) - 1, 1, -1):
+        conds.append(sym_either(shape[i] == 1, strides[i] == expected))
+        expected = expected * shape[i]
+    return sym_all(conds)
 
 
 def _trailing_dims_equal(dst, src, **_):
     if dst.ndim - 2 != src.ndim - 3:  # ranks are static: a plain branch specialises nothing
         return False
-    return sym_and(True, *(a == b for a, b in zip(dst.shape[2:], src.shape[3:])))
+    return sym_all(a == b for a, b in zip(dst.shape[2:], src.shape[3:]))
 
 
 def _src_is_given(src_indices_raw):
@@ -218,6 +217,10 @@ def valid_spec(d: Dims) -> dict:
 
 
 def _other_device(device: str) -> str:
+    # Another CUDA device; fake tensors may name cuda:1 on a CPU-only build, but where CUDA is
+    # real, torch refuses an ordinal the machine lacks, so a one-GPU machine uses the CPU.
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        return "cpu"
     return "cuda:1" if device != "cuda:1" else "cuda:0"
 
 

@@ -19,8 +19,14 @@ _lock = threading.Lock()
 
 
 def _as_device_call(self: JITFunction, *args, **kwargs):
-    # What a nested call does under TRITON_INTERPRET=1: an interpreted device-function call.
-    return InterpretedFunction(self.fn)(*args, **kwargs)
+    # What a nested call does under TRITON_INTERPRET=1 (an interpreted device-function call),
+    # except that the language patches it makes are undone on return: they would otherwise
+    # outlive the launch and break the compilation of real JIT kernels later in the process.
+    scope = interpreter._patch_lang(self.fn)
+    try:
+        return InterpretedFunction(self.fn).rewrite()(*args, **kwargs)
+    finally:
+        scope.restore()
 
 
 _original_patch_lang_tensor = interpreter._patch_lang_tensor

@@ -33,6 +33,7 @@ from torch.library import triton_op, wrap_triton
 
 from strictops.meta import mamba_state_scatter as contract
 
+from ._dispatch import can_skip_dispatcher
 from ._interpret import interpreted
 
 __all__ = [
@@ -68,6 +69,7 @@ def _scatter_kernel(
     HAS_SRC_INDICES: tl.constexpr,
     BLOCK: tl.constexpr,
     SCAN: tl.constexpr,
+    EVICTION: tl.constexpr,
 ):
     """Copy one ``BLOCK``-element chunk of one (request, layer) entry.
 
@@ -91,10 +93,10 @@ def _scatter_kernel(
         row = req.to(tl.int64)
     valid = (step >= 0) & (step < draft_tokens) & (slot >= 0) & (slot < cache_size)
     valid = valid & (row >= 0) & (row < spec_size)
-    if not valid:
-        return
 
-    # Last writer wins: skip if a later valid request targets the same slot.
+    # Last writer wins: skip if a later valid request targets the same slot. The scan's loads
+    # do not depend on this request's indices, so they are in flight together with them and
+    # the data copy waits for one round of index loads, not two.
     later = tl.zeros([SCAN], dtype=tl.int32)
     for j0 in range(0, n_requests, SCAN):
         j = j0 + tl.arange(0, SCAN)
@@ -108,27 +110,29 @@ def _scatter_kernel(
         v_j = in_range & (s_j >= 0) & (s_j < draft_tokens) & (d_j == slot)
         v_j = v_j & (r_j >= 0) & (r_j < spec_size)
         later = later | v_j.to(tl.int32)
-    if tl.max(later, axis=0) > 0:
+    if (not valid) or (tl.max(later, axis=0) > 0):
         return
 
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < entry_numel
     src_base = src_ptr + layer * src_layer_stride + row * src_row_stride + step * src_step_stride
     dst_base = dst_ptr + layer * dst_layer_stride + slot * dst_slot_stride
-    data = tl.load(src_base + offs, mask=mask)
-    tl.store(dst_base + offs, data, mask=mask)
+    # Each byte is read once and written once: keep it from displacing reusable L2 lines.
+    data = tl.load(src_base + offs, mask=mask, eviction_policy=EVICTION)
+    tl.store(dst_base + offs, data, mask=mask, eviction_policy=EVICTION)
 
 
 # Tuning, chosen by benchmarks/bench_mamba_state_scatter.py on the H200 (see the results file):
 # bytes one program copies, and warps per program.
 BLOCK_BYTES = 16384
 NUM_WARPS = 4
+EVICTION_POLICY = "evict_first"
 # Requests compared per step of the duplicate-slot scan.
 SCAN = 128
 
 
 def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-            block_bytes=BLOCK_BYTES, num_warps=NUM_WARPS):
+            block_bytes=BLOCK_BYTES, num_warps=NUM_WARPS, eviction=EVICTION_POLICY):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     n_requests = step_indices_raw.shape[0]
     num_layers, cache_size = dst.shape[0], dst.shape[1]
@@ -147,8 +151,14 @@ def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw
         dst.stride(0), dst.stride(1),
         src.stride(0), src.stride(1), src.stride(2),
         dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
-        HAS_SRC_INDICES=has_src, BLOCK=block, SCAN=SCAN, num_warps=num_warps,
+        HAS_SRC_INDICES=has_src, BLOCK=block, SCAN=SCAN, EVICTION=eviction,
+        num_warps=num_warps,
     )
+
+
+def _validate_and_launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
+    contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -159,9 +169,9 @@ def _fused_mamba_state_scatter_with_mask(
     step_indices_raw: torch.Tensor,
     src_indices_raw: Optional[torch.Tensor] = None,
 ) -> None:
-    contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
-    _launch(wrap_triton(_scatter_kernel), dst, src, dst_indices_raw, step_indices_raw,
-            src_indices_raw)
+    # The body is also the fake: under fake tensors the launch is recorded, not run.
+    _validate_and_launch(wrap_triton(_scatter_kernel), dst, src, dst_indices_raw,
+                         step_indices_raw, src_indices_raw)
 
 
 def fused_mamba_state_scatter_with_mask(
@@ -195,7 +205,14 @@ def fused_mamba_state_scatter_with_mask(
     memory, and when two valid requests name one slot the later request wins. One kernel
     launch, no host sync, no copy of the index tensors. Bad metadata raises ``ValueError``
     before launch in eager mode and at trace time under ``torch.compile``/``torch.export``.
+    In plain eager mode the call skips the dispatcher (see ``strictops.ops._dispatch``);
+    ``torch.ops.strictops.fused_mamba_state_scatter_with_mask`` is the same op through it.
     """
+    if can_skip_dispatcher(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
+        _validate_and_launch(_scatter_kernel, dst, src, dst_indices_raw, step_indices_raw,
+                             src_indices_raw)
+        torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!) args
+        return
     torch.ops.strictops.fused_mamba_state_scatter_with_mask(
         dst, src, dst_indices_raw, step_indices_raw, src_indices_raw
     )

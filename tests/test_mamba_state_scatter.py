@@ -8,6 +8,8 @@ values. GPU (``-m gpu``): the same numerics and near misses on real CUDA tensors
 
 from __future__ import annotations
 
+import unittest
+
 import expecttest
 import pytest
 import torch
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 
 from strictops.meta import mamba_state_scatter as contract
 from strictops.meta.testing import (
+    HAS_CUDA,
     HAS_TWO_GPUS,
     build,
     fake_mode,
@@ -49,6 +52,7 @@ def _message_on_fake(rule: str, dims: contract.Dims = DIMS) -> str:
 class TestMessages(expecttest.TestCase):
     """Every rule of SPEC §1 (and the added ones) on fake CUDA tensors, message pinned."""
 
+    @unittest.skipIf(HAS_CUDA and not HAS_TWO_GPUS, "a real single-GPU machine has no cuda:1")
     def test_same_device_cuda0_vs_cuda1(self):
         self.assertExpectedInline(_message_on_fake("same_device"), """dst and src must be on the same device. dst.device=device(type='cuda', index=0) src.device=device(type='cuda', index=1)""")
 
@@ -202,7 +206,7 @@ def test_duplicate_slots_last_valid_request_wins(reverse_programs):
 
 
 @gpu
-@settings(SETTINGS, max_examples=60)
+@settings(SETTINGS, max_examples=30)
 @given(data=st.data())
 def test_gpu_op_equals_reference(data):
     dims = data.draw(mamba_dims(device="cuda"))
@@ -214,12 +218,10 @@ def test_gpu_op_equals_reference(data):
 
 
 @gpu
-@settings(SETTINGS, max_examples=60)
+@settings(SETTINGS, max_examples=30)
 @given(case=mamba_near_miss(device="cuda:0"))
 def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
     rule, spec = case
-    if rule == "same_device" and not HAS_TWO_GPUS:
-        spec = {**spec, "src": spec["src"].replace(device="cpu")}
     args = {k: (v.empty().zero_() if v is not None else None) for k, v in spec.items()}
     dst_before = args["dst"].clone()
     want_type, want_msg = contract.CONTRACT.expected_error(rule, **args)

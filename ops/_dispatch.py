@@ -1,0 +1,31 @@
+"""When a public op may skip the PyTorch dispatcher.
+
+A call of ``torch.ops.strictops.<op>`` from Python costs tens of microseconds of dispatcher
+overhead (argument parsing against the schema, the autograd and ADInplaceOrView keys, the Python
+kernel trampoline), which on small shapes is more than the kernel itself. In plain eager mode
+with plain tensors none of that machinery does anything for these ops, so the public functions
+call the op's implementation (the same contract, the same launch) directly.
+
+Everything that needs the dispatcher still gets it: Dynamo tracing, any Python dispatch or
+torch-function mode (``FakeTensorMode``, ``FunctionalTensorMode``, proxy tracing), functorch
+transforms, tensor subclasses, and autograd on the inputs (so that the usual in-place rules
+apply).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def can_skip_dispatcher(*tensors: torch.Tensor | None) -> bool:
+    """True when calling the implementation directly behaves exactly like the dispatcher."""
+    if (torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack()
+            or torch._C._len_torch_function_stack()
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return False
+    return True
