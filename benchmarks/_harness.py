@@ -27,12 +27,32 @@ WARMUP_MS = 50
 REP_MS = 400
 
 
-def median_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS) -> float:
-    """Median device time of ``fn`` in microseconds (CUDA events, L2 flushed between runs)."""
-    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
+def median_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS,
+              flush_l2: bool = True) -> float:
+    """Median device time of ``fn`` in microseconds (CUDA events).
+
+    ``flush_l2``: do_bench's default, a 256 MB fill before every timed call, so each call
+    starts with cold inputs (and an L2 full of dirty lines). Without it, calls run back to
+    back; the caller then rotates inputs itself when they would fit in L2.
+    """
+    if flush_l2:
+        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(max(20, rep // 4)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
 
 
-def graph_replay_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS) -> float:
+def graph_replay_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS,
+                    flush_l2: bool = True) -> float:
     """Median device time of one replay of ``fn`` captured in a CUDA graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -42,7 +62,7 @@ def graph_replay_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return median_us(graph.replay, warmup, rep)
+    return median_us(graph.replay, warmup, rep, flush_l2)
 
 
 def wall_us(fn: Callable[[], object], calls: int = 2000) -> float:

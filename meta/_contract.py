@@ -22,6 +22,7 @@ eager mode raises (``got 12``, never ``got s69``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -121,10 +122,12 @@ class Check:
     rule:
         Short stable id (``"same_device"``); tests and strategies refer to rules by it.
     ok:
-        Predicate over the op's keyword arguments; ``True`` (or a true ``SymBool``) when the
-        rule holds.
+        Predicate over the op's arguments, given as one namespace (``a.dst``); ``True`` (or a
+        true ``SymBool``) when the rule holds. One positional argument keeps the eager cost of
+        a check to a single cheap call.
     message:
-        Builds the error text from the op's keyword arguments (given as concrete views).
+        Builds the error text from the op's arguments, given by keyword as concrete views, so
+        that ``f"{dst.shape[0]=}"`` reads ``dst.shape[0]=12`` as the original message did.
     error:
         Exception type raised when the rule is broken.
     """
@@ -175,8 +178,9 @@ class Contract:
 
     def validate(self, **args: Any) -> None:
         """Run every check in order; raise the first failing one's error with its message."""
+        namespace = SimpleNamespace(**args)
         for c in self.checks:
-            ok = c.ok(**args)
+            ok = c.ok(namespace)
             # A plain True needs no guard and no message closure: the eager fast path.
             # Anything else (False, or a SymBool while tracing) goes through _check_with.
             if ok is not True:

@@ -28,17 +28,10 @@ OP_NAME = "fused_mamba_state_scatter_with_mask"
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _index_tensors(dst_indices_raw, step_indices_raw, src_indices_raw):
-    pairs = [("dst_indices_raw", dst_indices_raw), ("step_indices_raw", step_indices_raw)]
-    if src_indices_raw is not None:
-        pairs.append(("src_indices_raw", src_indices_raw))
-    return pairs
-
-
-def _entry_dims_contiguous(dst, **_):
+def _entry_dims_contiguous(a):
     # A contiguity walk restricted to dims 2..; a size-1 dim's stride is free. Built as one
     # symbolic condition (no Python branch on a size), so tracing guards on the relation only.
-    shape, strides = dst.shape, dst.stride()
+    shape, strides = a.dst.shape, a.dst.stride()
     expected, conds = 1, []
     for i in range(len(shape) - 1, 1, -1):
         conds.append(sym_either(shape[i] == 1, strides[i] == expected))
@@ -46,35 +39,31 @@ def _entry_dims_contiguous(dst, **_):
     return sym_all(conds)
 
 
-def _trailing_dims_equal(dst, src, **_):
-    if dst.ndim - 2 != src.ndim - 3:  # ranks are static: a plain branch specialises nothing
+def _trailing_dims_equal(a):
+    if a.dst.ndim - 2 != a.src.ndim - 3:  # ranks are static: a plain branch specialises nothing
         return False
-    return sym_all(a == b for a, b in zip(dst.shape[2:], src.shape[3:]))
-
-
-def _src_is_given(src_indices_raw):
-    return src_indices_raw is not None
+    return sym_all(x == y for x, y in zip(a.dst.shape[2:], a.src.shape[3:]))
 
 
 CHECKS = (
     Check(
         "same_device",
-        lambda dst, src, **_: dst.device == src.device,
+        lambda a: a.dst.device == a.src.device,
         lambda dst, src, **_: f"dst and src must be on the same device. {dst.device=} {src.device=}",
     ),
     Check(
         "cuda",
-        lambda dst, src, **_: dst.is_cuda and src.is_cuda,
+        lambda a: a.dst.is_cuda and a.src.is_cuda,
         lambda **_: "fused_mamba_state_scatter_with_mask only supports CUDA tensors.",
     ),
     Check(
         "ranks",
-        lambda dst, src, **_: dst.ndim >= 2 and src.ndim >= 3,
+        lambda a: a.dst.ndim >= 2 and a.src.ndim >= 3,
         lambda dst, src, **_: f"Unexpected tensor ranks: {dst.ndim=} {src.ndim=}",
     ),
     Check(
         "layer_dim",
-        lambda dst, src, **_: dst.shape[0] == src.shape[0],
+        lambda a: a.dst.shape[0] == a.src.shape[0],
         lambda dst, src, **_: f"Layer dimension mismatch: {dst.shape[0]=} vs {src.shape[0]=}",
     ),
     Check(
@@ -84,61 +73,57 @@ CHECKS = (
     ),
     Check(  # added
         "same_dtype",
-        lambda dst, src, **_: dst.dtype == src.dtype,
+        lambda a: a.dst.dtype == a.src.dtype,
         lambda dst, src, **_: f"dst and src must have the same dtype. {dst.dtype=} {src.dtype=}",
     ),
     Check(
         "indices_1d",
-        lambda dst_indices_raw, step_indices_raw, **_: dst_indices_raw.ndim == 1
-        and step_indices_raw.ndim == 1,
+        lambda a: a.dst_indices_raw.ndim == 1 and a.step_indices_raw.ndim == 1,
         lambda dst_indices_raw, step_indices_raw, **_: (
             f"indices must be 1D: {dst_indices_raw.shape=} {step_indices_raw.shape=}"
         ),
     ),
     Check(
         "src_indices_1d",
-        lambda src_indices_raw, **_: not _src_is_given(src_indices_raw) or src_indices_raw.ndim == 1,
+        lambda a: a.src_indices_raw is None or a.src_indices_raw.ndim == 1,
         lambda dst_indices_raw, src_indices_raw, **_: (
             f"indices must be 1D: {dst_indices_raw.shape=} {src_indices_raw.shape=}"
         ),
     ),
     Check(
         "indices_length",
-        lambda dst_indices_raw, step_indices_raw, **_: (
-            dst_indices_raw.shape[0] == step_indices_raw.shape[0]
-        ),
+        lambda a: a.dst_indices_raw.shape[0] == a.step_indices_raw.shape[0],
         lambda dst_indices_raw, step_indices_raw, **_: (
             f"indices length mismatch: {dst_indices_raw.shape[0]=} vs {step_indices_raw.shape[0]=}"
         ),
     ),
     Check(
         "src_indices_length",
-        lambda dst_indices_raw, src_indices_raw, **_: not _src_is_given(src_indices_raw)
-        or dst_indices_raw.shape[0] == src_indices_raw.shape[0],
+        lambda a: a.src_indices_raw is None
+        or a.dst_indices_raw.shape[0] == a.src_indices_raw.shape[0],
         lambda dst_indices_raw, src_indices_raw, **_: (
             f"indices length mismatch: {dst_indices_raw.shape[0]=} vs {src_indices_raw.shape[0]=}"
         ),
     ),
     Check(  # added
         "indices_dtype",
-        lambda dst_indices_raw, step_indices_raw, **_: dst_indices_raw.dtype in INDEX_DTYPES
-        and step_indices_raw.dtype in INDEX_DTYPES,
+        lambda a: a.dst_indices_raw.dtype in INDEX_DTYPES
+        and a.step_indices_raw.dtype in INDEX_DTYPES,
         lambda dst_indices_raw, step_indices_raw, **_: (
             f"indices must be int32 or int64: {dst_indices_raw.dtype=} {step_indices_raw.dtype=}"
         ),
     ),
     Check(  # added
         "src_indices_dtype",
-        lambda src_indices_raw, **_: not _src_is_given(src_indices_raw)
-        or src_indices_raw.dtype in INDEX_DTYPES,
+        lambda a: a.src_indices_raw is None or a.src_indices_raw.dtype in INDEX_DTYPES,
         lambda dst_indices_raw, src_indices_raw, **_: (
             f"indices must be int32 or int64: {dst_indices_raw.dtype=} {src_indices_raw.dtype=}"
         ),
     ),
     Check(  # added
         "indices_device",
-        lambda dst, dst_indices_raw, step_indices_raw, **_: dst_indices_raw.device == dst.device
-        and step_indices_raw.device == dst.device,
+        lambda a: a.dst_indices_raw.device == a.dst.device
+        and a.step_indices_raw.device == a.dst.device,
         lambda dst, dst_indices_raw, step_indices_raw, **_: (
             f"indices must be on dst's device: {dst.device=} "
             f"{dst_indices_raw.device=} {step_indices_raw.device=}"
@@ -146,8 +131,7 @@ CHECKS = (
     ),
     Check(  # added
         "src_indices_device",
-        lambda dst, src_indices_raw, **_: not _src_is_given(src_indices_raw)
-        or src_indices_raw.device == dst.device,
+        lambda a: a.src_indices_raw is None or a.src_indices_raw.device == a.dst.device,
         lambda dst, src_indices_raw, **_: (
             f"indices must be on dst's device: {dst.device=} {src_indices_raw.device=}"
         ),
@@ -163,7 +147,7 @@ CHECKS = (
     ),
     Check(
         "src_contiguous",
-        lambda src, **_: src.is_contiguous(),
+        lambda a: a.src.is_contiguous(),
         lambda **_: "src tensor must be contiguous",
     ),
 )
