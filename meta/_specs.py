@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Mapping, Optional
 
 import torch
 
@@ -55,10 +55,6 @@ class TensorSpec:
         return self.replace(stride=tuple(strides))
 
 
-Spec = Mapping[str, Optional[TensorSpec]]
-NearMiss = Callable[[dict], dict]
-
-
-def build(spec: Spec) -> dict:
+def build(spec: Mapping[str, Optional[TensorSpec]]) -> dict:
     """Uninitialised tensors for every entry of ``spec`` (``None`` stays ``None``)."""
     return {k: (v.empty() if v is not None else None) for k, v in spec.items()}

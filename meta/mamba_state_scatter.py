@@ -236,20 +236,17 @@ def _gap_innermost(t: TensorSpec, first_dim: int) -> TensorSpec | None:
     return None
 
 
-def _break_dst_entry(spec: dict) -> dict:
-    gapped = _gap_innermost(spec["dst"], 2)
-    if gapped is None:
-        spec = _grow_last(spec)
-        gapped = _gap_innermost(spec["dst"], 2)
-    return {**spec, "dst": gapped}
+def _break_contiguity(name: str, first_dim: int):
+    """Near miss: ``spec[name]`` no longer contiguous in dims ``first_dim..``."""
 
+    def mutate(spec: dict) -> dict:
+        gapped = _gap_innermost(spec[name], first_dim)
+        if gapped is None:  # every dim there has one element: make one hold two
+            spec = _grow_last(spec)
+            gapped = _gap_innermost(spec[name], first_dim)
+        return {**spec, name: gapped}
 
-def _break_src_contiguity(spec: dict) -> dict:
-    gapped = _gap_innermost(spec["src"], 0)
-    if gapped is None:
-        spec = _grow_last(spec)
-        gapped = _gap_innermost(spec["src"], 0)
-    return {**spec, "src": gapped}
+    return mutate
 
 
 def _everything_on(spec: dict, device: str) -> dict:
@@ -277,6 +274,6 @@ NEAR_MISSES = {
     "indices_device": lambda s: _with(s, step_indices_raw={"device": "cpu"}),
     "src_indices_device": lambda s: _with(_ensure_src_indices(s),
                                           src_indices_raw={"device": "cpu"}),
-    "dst_entry_contiguous": _break_dst_entry,
-    "src_contiguous": _break_src_contiguity,
+    "dst_entry_contiguous": _break_contiguity("dst", first_dim=2),
+    "src_contiguous": _break_contiguity("src", first_dim=0),
 }

@@ -231,6 +231,23 @@ def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
 
 
 @gpu
+def test_gpu_direct_and_dispatcher_paths_agree_and_bump_the_version():
+    gen = torch.Generator().manual_seed(5)
+    dims = contract.Dims(3, 9, 6, 4, (5, 33), 12, with_src_indices=True, device="cuda")
+    values = {"dst_indices_raw": [0, 3, 3, -1, 8, 9, 2, 5, 5, 1, 7, 4],
+              "step_indices_raw": [1, 0, 2, 3, -1, 0, 4, 1, 2, 0, 3, 2],
+              "src_indices_raw": [0, 1, 2, 3, 4, 5, 6, -1, 0, 1, 2, 3]}
+    direct = _fill(dims, values, "cuda", gen)
+    via_ops = {k: (v.clone() if v is not None else None) for k, v in direct.items()}
+    expected = op.reference(**direct)
+    version = direct["dst"]._version
+    fused_mamba_state_scatter_with_mask(**direct)
+    torch.ops.strictops.fused_mamba_state_scatter_with_mask(**via_ops)
+    assert torch.equal(direct["dst"], expected) and torch.equal(via_ops["dst"], expected)
+    assert direct["dst"]._version > version
+
+
+@gpu
 def test_gpu_large_entry_and_large_strides():
     """Entries past 2**31 bytes of dst offset: index arithmetic is 64-bit."""
     dst = torch.empty(2, 3, 1 << 28, dtype=torch.float16, device="cuda")  # 3 GiB
