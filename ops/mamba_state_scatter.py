@@ -35,6 +35,7 @@ from strictops.meta import mamba_state_scatter as contract
 
 from ._dispatch import can_skip_dispatcher
 from ._interpret import interpreted
+from ._launch import EagerLauncher, on_device_of
 
 __all__ = [
     "fused_mamba_state_scatter_with_mask",
@@ -152,9 +153,7 @@ def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw
     )
 
 
-def _validate_and_launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
-    contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
-    _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+_EAGER_LAUNCHER = EagerLauncher(_scatter_kernel)
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -166,8 +165,13 @@ def _fused_mamba_state_scatter_with_mask(
     src_indices_raw: Optional[torch.Tensor] = None,
 ) -> None:
     # The body is also the fake: under fake tensors the launch is recorded, not run.
-    _validate_and_launch(wrap_triton(_scatter_kernel), dst, src, dst_indices_raw,
-                         step_indices_raw, src_indices_raw)
+    contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    kernel = wrap_triton(_scatter_kernel)
+    if kernel is _scatter_kernel:  # a real launch (wrap_triton is off outside tracing)
+        with on_device_of(dst):
+            _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    else:
+        _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
 
 
 def fused_mamba_state_scatter_with_mask(
@@ -205,8 +209,9 @@ def fused_mamba_state_scatter_with_mask(
     ``torch.ops.strictops.fused_mamba_state_scatter_with_mask`` is the same op through it.
     """
     if can_skip_dispatcher(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
-        _validate_and_launch(_scatter_kernel, dst, src, dst_indices_raw, step_indices_raw,
-                             src_indices_raw)
+        contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+        with on_device_of(dst):
+            _launch(_EAGER_LAUNCHER, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
         torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!) args
         return
     torch.ops.strictops.fused_mamba_state_scatter_with_mask(

@@ -248,6 +248,26 @@ def test_gpu_direct_and_dispatcher_paths_agree_and_bump_the_version():
 
 
 @gpu
+def test_gpu_eager_launcher_never_reuses_a_kernel_specialised_for_other_arguments():
+    """Alternate 16-byte-aligned and misaligned pointers and sizes that Triton specialises
+    (1, multiples of 16) so that cached compiled kernels are looked up across them."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    layers, cache, spec, draft, most = 3, 7, 5, 2, 33
+    base_dst = torch.randn(layers * cache * most + 1, device="cuda", generator=gen)
+    base_src = torch.randn(layers * spec * draft * most + 1, device="cuda", generator=gen)
+    slots = torch.tensor([1, 6, 3, 6], device="cuda", dtype=torch.int32)
+    steps = torch.tensor([0, 1, -1, 1], device="cuda")
+    for offset in (0, 1, 0, 1):  # one float past an aligned start: a 4-byte-aligned pointer
+        for entry in (33, 32, 1, 16, 33):
+            dst = base_dst[offset:offset + layers * cache * entry].view(layers, cache, entry)
+            src = base_src[offset:offset + layers * spec * draft * entry].view(
+                layers, spec, draft, entry)
+            expected = op.reference(dst, src, slots, steps)
+            fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+            assert torch.equal(dst, expected), (offset, entry)
+
+
+@gpu
 def test_gpu_large_entry_and_large_strides():
     """Entries past 2**31 bytes of dst offset: index arithmetic is 64-bit."""
     dst = torch.empty(2, 3, 1 << 28, dtype=torch.float16, device="cuda")  # 3 GiB
