@@ -14,6 +14,8 @@ apply).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -29,3 +31,12 @@ def can_skip_dispatcher(*tensors: torch.Tensor | None) -> bool:
         if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
             return False
     return True
+
+
+def on_device_of(t: torch.Tensor):
+    """Make ``t``'s CUDA device current for a launch: Triton launches on the current device,
+    so a call on ``cuda:1`` tensors from code whose current device is ``cuda:0`` would
+    otherwise launch on the wrong GPU."""
+    if t.get_device() == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(t.device)

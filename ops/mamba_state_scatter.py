@@ -33,9 +33,8 @@ from torch.library import triton_op, wrap_triton
 
 from strictops.meta import mamba_state_scatter as contract
 
-from ._dispatch import can_skip_dispatcher
+from ._dispatch import can_skip_dispatcher, on_device_of
 from ._interpret import interpreted
-from ._launch import EagerLauncher, on_device_of
 
 __all__ = [
     "fused_mamba_state_scatter_with_mask",
@@ -153,7 +152,6 @@ def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw
     )
 
 
-_EAGER_LAUNCHER = EagerLauncher(_scatter_kernel)
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -211,7 +209,7 @@ def fused_mamba_state_scatter_with_mask(
     if can_skip_dispatcher(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
         contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
         with on_device_of(dst):
-            _launch(_EAGER_LAUNCHER, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+            _launch(_scatter_kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
         torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!) args
         return
     torch.ops.strictops.fused_mamba_state_scatter_with_mask(

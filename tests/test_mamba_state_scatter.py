@@ -248,9 +248,9 @@ def test_gpu_direct_and_dispatcher_paths_agree_and_bump_the_version():
 
 
 @gpu
-def test_gpu_eager_launcher_never_reuses_a_kernel_specialised_for_other_arguments():
+def test_gpu_alternating_pointer_alignment_and_specialised_sizes():
     """Alternate 16-byte-aligned and misaligned pointers and sizes that Triton specialises
-    (1, multiples of 16) so that cached compiled kernels are looked up across them."""
+    (1, multiples of 16): each call must get a kernel compiled for its own arguments."""
     gen = torch.Generator(device="cuda").manual_seed(3)
     layers, cache, spec, draft, most = 3, 7, 5, 2, 33
     base_dst = torch.randn(layers * cache * most + 1, device="cuda", generator=gen)
