@@ -8,8 +8,8 @@ over the op's arguments, the message it raises and the exception type. The same 
   what ``torch.compile`` and ``torch.export`` trace,
 * the tests, which ask the contract which message a broken rule must produce.
 
-Predicates receive the op's arguments by keyword and may return a Python ``bool`` (devices,
-dtypes, ranks) or a ``SymBool`` (relations between sizes). Both go through
+Predicates receive the op's arguments as one namespace (``a.dst``) and may return a Python
+``bool`` (devices, dtypes, ranks) or a ``SymBool`` (relations between sizes). Both go through
 ``torch._check_with``: with symbolic sizes the relation becomes a guard or a runtime assert on
 the relation itself, never a specialisation on a value. The message closure is only called when
 the check fails, so a passing check costs one predicate call.

@@ -55,6 +55,7 @@ class TensorSpec:
         return self.replace(stride=tuple(strides))
 
 
-def build(spec: Mapping[str, Optional[TensorSpec]]) -> dict:
-    """Uninitialised tensors for every entry of ``spec`` (``None`` stays ``None``)."""
-    return {k: (v.empty() if v is not None else None) for k, v in spec.items()}
+def build(spec: Mapping[str, object]) -> dict:
+    """Uninitialised tensors for every :class:`TensorSpec` of ``spec``; other entries (``None``,
+    Python scalars) are passed through unchanged."""
+    return {k: (v.empty() if isinstance(v, TensorSpec) else v) for k, v in spec.items()}
