@@ -24,6 +24,7 @@ order in which programs run.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import torch
@@ -131,27 +132,26 @@ SCAN = 128
 
 def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
             block_bytes=TUNING["block_bytes"], num_warps=TUNING["num_warps"]):
-    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
-    n_requests = step_indices_raw.shape[0]
-    num_layers, cache_size = dst.shape[0], dst.shape[1]
-    spec_size, draft_tokens = src.shape[1], src.shape[2]
-    entry_numel = 1
-    for s in dst.shape[2:]:
-        entry_numel = entry_numel * s
+    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs.
+
+    On the eager hot path, so it reads each piece of metadata once and avoids helpers with
+    per-call overhead (``triton.cdiv`` costs more than the rest of this function together).
+    """
+    shape, dst_strides = dst.shape, dst.stride()
+    entry_numel = math.prod(shape[2:])
     block = max(block_bytes // dst.element_size(), 16)
-    chunks_per_entry = triton.cdiv(entry_numel, block)
-    has_src = src_indices_raw is not None
-    src_idx = src_indices_raw if has_src else step_indices_raw
-    grid = (n_requests * chunks_per_entry, num_layers, 1)
+    chunks_per_entry = (entry_numel + block - 1) // block
+    n_requests = step_indices_raw.shape[0]
+    src_idx = step_indices_raw if src_indices_raw is None else src_indices_raw
+    grid = (n_requests * chunks_per_entry, shape[0], 1)
     kernel[grid](
         dst, src, dst_indices_raw, step_indices_raw, src_idx,
-        n_requests, cache_size, spec_size, draft_tokens, entry_numel,
-        dst.stride(0), dst.stride(1),
+        n_requests, shape[1], src.shape[1], src.shape[2], entry_numel,
+        dst_strides[0], dst_strides[1],
         dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
-        HAS_SRC_INDICES=has_src, BLOCK=block, SCAN=SCAN, num_warps=num_warps,
+        HAS_SRC_INDICES=src_indices_raw is not None, BLOCK=block, SCAN=SCAN,
+        num_warps=num_warps,
     )
-
-
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
