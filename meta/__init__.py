@@ -5,11 +5,12 @@ the op's eager path and fake registration both run it, and the tests derive thei
 """
 
 from ._contract import Check, ConcreteTensor, Contract, concrete, hint, hint_size
-from . import mamba_state_scatter
+from . import mamba_state_scatter, sparse_mla_prefill
+from . import transport_pool
 
 CONTRACTS: dict[str, Contract] = {
     c.op: c
-    for c in (mamba_state_scatter.CONTRACT,)
+    for c in (mamba_state_scatter.CONTRACT, sparse_mla_prefill.CONTRACT, transport_pool.CONTRACT)
 }
 
 __all__ = [
@@ -21,4 +22,6 @@ __all__ = [
     "hint",
     "hint_size",
     "mamba_state_scatter",
+    "sparse_mla_prefill",
+    "transport_pool",
 ]

@@ -55,6 +55,40 @@ class TensorSpec:
         return self.replace(stride=tuple(strides))
 
 
+def with_changes(spec: dict, **changes: dict) -> dict:
+    """A copy of ``spec`` with ``changes[name]`` applied to the TensorSpec ``spec[name]``."""
+    out = dict(spec)
+    for name, fields in changes.items():
+        out[name] = out[name].replace(**fields)
+    return out
+
+
+def other_device(device: str) -> str:
+    """A device other than ``device`` for a cross-device near miss.
+
+    Fake tensors may name ``cuda:1`` on a CPU-only build; where CUDA is real, torch refuses an
+    ordinal the machine lacks, so a one-GPU machine gets the CPU instead (a near miss whose rule
+    comes before any CUDA check still breaks only that rule).
+    """
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        return "cpu"
+    return "cuda:1" if device != "cuda:1" else "cuda:0"
+
+
+def buildable_here(spec: Mapping[str, object]) -> bool:
+    """Whether every tensor of ``spec`` can be built (fake or real) on this machine: with real
+    CUDA, only the ordinals it has (a CPU-only build fakes any)."""
+    if not torch.cuda.is_available():
+        return True
+    count = torch.cuda.device_count()
+    for v in spec.values():
+        if isinstance(v, TensorSpec):
+            d = torch.device(v.device)
+            if d.type == "cuda" and d.index is not None and d.index >= count:
+                return False
+    return True
+
+
 def build(spec: Mapping[str, object]) -> dict:
     """Uninitialised tensors for every :class:`TensorSpec` of ``spec``; other entries (``None``,
     Python scalars) are passed through unchanged."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 from ._contract import Check, Contract, sym_all, sym_either
-from ._specs import TensorSpec
+from ._specs import TensorSpec, other_device as _other_device, with_changes as _with
 
 OP_NAME = "fused_mamba_state_scatter_with_mask"
 
@@ -198,21 +198,6 @@ def valid_spec(d: Dims) -> dict:
         "step_indices_raw": idx[1],
         "src_indices_raw": idx[2] if d.with_src_indices else None,
     }
-
-
-def _other_device(device: str) -> str:
-    # Another CUDA device; fake tensors may name cuda:1 on a CPU-only build, but where CUDA is
-    # real, torch refuses an ordinal the machine lacks, so a one-GPU machine uses the CPU.
-    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
-        return "cpu"
-    return "cuda:1" if device != "cuda:1" else "cuda:0"
-
-
-def _with(spec: dict, **changes) -> dict:
-    out = dict(spec)
-    for name, fields in changes.items():
-        out[name] = out[name].replace(**fields)
-    return out
 
 
 def _ensure_src_indices(spec: dict) -> dict:

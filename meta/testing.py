@@ -13,10 +13,16 @@ import pytest
 import torch
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    ShapeEnv,
+    StatelessSymbolicContext,
+)
 
 from . import mamba_state_scatter as mss
-from ._specs import build
+from . import sparse_mla_prefill as smp
+from . import transport_pool as tp
+from ._specs import TensorSpec, build
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TWO_GPUS = HAS_CUDA and torch.cuda.device_count() >= 2
@@ -112,4 +118,222 @@ __all__ = [
     "mamba_dims",
     "mamba_index_values",
     "mamba_near_miss",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# sparse_mla_q8kv8_prefill_fwd
+
+# Rules whose near miss puts a tensor on a second GPU: fake tensors may name one on a machine
+# without CUDA, but not on a machine with exactly one GPU.
+SPARSE_MLA_SECOND_GPU_RULES = frozenset(
+    r for r in smp.CONTRACT.rules if r.endswith("_device"))
+CAN_NAME_SECOND_GPU = not HAS_CUDA or HAS_TWO_GPUS
+
+
+@st.composite
+def sparse_mla_dims(draw, device: str = "cuda:0", small: bool = False) -> smp.Dims:
+    """Valid call dimensions, optional arguments at random. ``small``: interpreter-sized
+    (``s_q <= 4``, ``h_q = 64``, ``topk = 128``, ``s_kv <= 300``)."""
+    with_attn_sink = draw(st.booleans())
+    return smp.Dims(
+        s_q=draw(st.integers(1, 4 if small else 9)),
+        s_kv=draw(st.integers(1, 300)),
+        h_q=64 if small else draw(st.sampled_from([64, 128, 192])),
+        d_qk=draw(st.sampled_from(smp.D_QKS)),
+        topk=128 if small else draw(st.sampled_from([128, 256])),
+        with_topk_length=with_attn_sink or draw(st.booleans()),
+        with_attn_sink=with_attn_sink,
+        with_buffers=draw(st.booleans()),
+        with_errors=draw(st.booleans()),
+        device=device,
+    )
+
+
+@st.composite
+def sparse_mla_near_miss(draw, device: str = "cuda:0"):
+    """(rule, spec) where ``spec`` breaks exactly ``rule`` of the contract; rules that need a
+    second GPU only where one can be named."""
+    rules = [r for r in smp.CONTRACT.rules
+             if CAN_NAME_SECOND_GPU or r not in SPARSE_MLA_SECOND_GPU_RULES]
+    rule = draw(st.sampled_from(rules))
+    return rule, smp.NEAR_MISSES[rule](smp.valid_spec(draw(sparse_mla_dims(device=device))))
+
+
+def build_symbolic(spec: dict, mode: FakeTensorMode) -> dict:
+    """Like :func:`build`, but every size and stride is a symbol of ``mode``'s shape env: the
+    tensors a dynamic-shape trace sees. Entries that are not tensor specs pass unchanged, and
+    a :class:`~strictops.meta.sparse_mla_prefill.SharedSpec` keeps concrete sizes, because
+    its point is the storage it shares."""
+    out = {}
+    for name, s in spec.items():
+        if not isinstance(s, TensorSpec):
+            out[name] = s
+            continue
+        if isinstance(s, smp.SharedSpec):
+            out[name] = s.empty()
+            continue
+        real = torch.empty_strided(s.shape, s.strides, dtype=s.dtype, device="meta")
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * len(s.shape))
+        sym = mode.from_tensor(real, symbolic_context=ctx)  # symbolic sizes, device "meta"
+        out[name] = torch.empty_strided(sym.shape, sym.stride(), dtype=s.dtype, device=s.device)
+    return out
+
+
+__all__ += [
+    "CAN_NAME_SECOND_GPU",
+    "SPARSE_MLA_SECOND_GPU_RULES",
+    "build_symbolic",
+    "sparse_mla_dims",
+    "sparse_mla_near_miss",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# copy_and_publish (the GPU transport pool)
+
+TRANSPORT_SRC_DTYPES = (torch.uint8, torch.bool, torch.bfloat16, torch.float32, torch.int64)
+
+
+@st.composite
+def transport_dims(draw, device: str = "cuda:0", max_data: int = 2048) -> tp.Dims:
+    """Valid call dimensions: pool layout, a data region of 1..``max_data`` bytes (not always a
+    multiple of 256), and a source of any rank (0-2) and dtype that fits it."""
+    slots, consumers = draw(st.integers(1, 9)), draw(st.integers(1, 4))
+    data = draw(st.integers(1, max_data))
+    dtype = draw(st.sampled_from(TRANSPORT_SRC_DTYPES))
+    most = max(1, data // dtype.itemsize)
+    if most * dtype.itemsize > data:  # not even one element fits: bytes do
+        dtype = torch.uint8
+    numel = draw(st.integers(1, most))
+    rank = draw(st.integers(0 if numel == 1 else 1, 2))
+    if rank == 0:
+        shape = ()
+    elif rank == 1:
+        shape = (numel,)
+    else:
+        rows = draw(st.sampled_from([d for d in range(1, numel + 1) if numel % d == 0]))
+        shape = (rows, numel // rows)
+    return tp.Dims(memory_size=tp.data_start(slots, consumers) + data,
+                   max_inflight_slices=slots, consumer_count=consumers, src_shape=shape,
+                   src_dtype=dtype, device=device)
+
+
+def transport_src_nbytes(d: tp.Dims) -> int:
+    return _prod(d.src_shape) * d.src_dtype.itemsize
+
+
+@st.composite
+def transport_lease(draw, d: tp.Dims) -> tp.Lease:
+    """Lease values for a call with dims ``d``: a fitting lease, or one broken in one or two
+    ways, each just past one bound of :func:`~strictops.meta.transport_pool.lease_fits`
+    (misaligned, in the control words, past the range or the pool, longer than the source,
+    a slot that does not exist, an ack word for the ready word, generation 0 / 2**31) or one
+    field set to any int64."""
+    start0 = tp.data_start(d.max_inflight_slices, d.consumer_count)
+    src_nbytes = transport_src_nbytes(d)
+    start = draw(st.sampled_from(range(start0, d.memory_size, tp.DATA_ALIGNMENT)))
+    nbytes = draw(st.integers(1, min(src_nbytes, d.memory_size - start)))
+    end = draw(st.integers(start + nbytes, d.memory_size))
+    slot = draw(st.integers(0, d.max_inflight_slices - 1))
+    ready = slot * tp.slot_bytes(d.consumer_count)
+    lease = tp.Lease(start, end, nbytes, slot, draw(st.integers(1, tp.MAX_GENERATION)), ready,
+                     ready + tp.WORD_BYTES)
+    if draw(st.booleans()):
+        return lease
+    stride = tp.slot_bytes(d.consumer_count)
+
+    def in_slot(k: int) -> dict:  # a slot with its own ready and ack words
+        return {"slot": k, "ready_byte_offset": k * stride,
+                "ack_byte_offset": k * stride + tp.WORD_BYTES}
+
+    # Each breaks one term of lease_fits and keeps the others where it can.
+    breaks = [
+        {"start": start + draw(st.integers(1, tp.DATA_ALIGNMENT - 1)), "end": d.memory_size},
+        {"start": start0 - tp.DATA_ALIGNMENT},
+        {"end": start - 1},
+        {"end": start + nbytes - 1},
+        {"end": d.memory_size + draw(st.integers(1, 2**40))},
+        {"nbytes": draw(st.sampled_from([0, -1, -(2**63)]))},
+        {"nbytes": src_nbytes + 1, "end": d.memory_size},
+        in_slot(-draw(st.integers(1, 3))),
+        in_slot(d.max_inflight_slices + draw(st.integers(0, 2))),
+        {"ready_byte_offset": ready + tp.WORD_BYTES, "ack_byte_offset": ready + 2 * tp.WORD_BYTES},
+        {"ack_byte_offset": ready + 2 * tp.WORD_BYTES},
+        {"generation": draw(st.sampled_from([0, -1, tp.MAX_GENERATION + 1,
+                                             2**32 + lease.generation]))},
+        {draw(st.sampled_from(tp.Lease._fields)): draw(st.integers(-(2**63), 2**63 - 1))},
+    ]
+    # Mostly one break, so that each term of the rule is the only one to fail now and then.
+    count = draw(st.sampled_from([1, 1, 1, 2]))
+    for change in draw(st.lists(st.sampled_from(breaks), min_size=count, max_size=count)):
+        lease = lease._replace(**change)
+    return lease
+
+
+@st.composite
+def transport_near_miss(draw, device: str = "cuda:0"):
+    """(rule, spec) where ``spec`` breaks exactly ``rule`` of the contract."""
+    rule = draw(st.sampled_from(tp.CONTRACT.rules))
+    return rule, tp.NEAR_MISSES[rule](tp.valid_spec(draw(transport_dims(device=device))))
+
+
+# Helpers any op's tests can use (written with the transport pool's).
+
+
+def raised(fn, **kwargs) -> BaseException:
+    """The exception ``fn(**kwargs)`` raises; the calling test fails if it raises none."""
+    with pytest.raises(Exception) as info:
+        fn(**kwargs)
+    return info.value
+
+
+def near_miss_message(fn, contract_module, rule: str, dims) -> str:
+    """The text of the ``ValueError`` that ``fn`` raises on fake tensors for the near miss of
+    ``rule`` (``contract_module``: an op's ``strictops.meta`` module; ``dims``: its ``Dims``)."""
+    spec = contract_module.NEAR_MISSES[rule](contract_module.valid_spec(dims))
+    with fake_mode():
+        err = raised(fn, **build(spec))
+    assert type(err) is ValueError, err
+    return str(err)
+
+
+class _GraphCaptured(Exception):
+    pass
+
+
+def aot_forward_graph(fn, args: dict):
+    """The forward graph AOTAutograd hands to Inductor for ``fn(**args)`` (fullgraph, dynamic).
+
+    The graph is captured at compile time; running it may need a GPU, so the "compiled"
+    function stops the call instead.
+    """
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+
+        def stop(*_):
+            raise _GraphCaptured
+
+        return stop
+
+    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture), fullgraph=True,
+                             dynamic=True)
+    with pytest.raises(_GraphCaptured):
+        compiled(**args)
+    return graphs[0]
+
+
+__all__ += [
+    "TRANSPORT_SRC_DTYPES",
+    "aot_forward_graph",
+    "near_miss_message",
+    "raised",
+    "transport_dims",
+    "transport_lease",
+    "transport_near_miss",
+    "transport_src_nbytes",
 ]

@@ -6,13 +6,31 @@ the serving kernel it replaces::
     from strictops.ops import fused_mamba_state_scatter_with_mask
 """
 
-from . import mamba_state_scatter
+from . import mamba_state_scatter, sparse_mla_prefill
 from .mamba_state_scatter import fused_mamba_state_scatter_with_mask
+from .sparse_mla_prefill import sparse_mla_q8kv8_prefill_fwd
+from . import transport_pool
+from .transport_pool import (
+    Lease,
+    TransportConsumer,
+    TransportPool,
+    copy_and_publish,
+)
 
 # One entry per op: qualified op name -> the module holding its kernel, public function and
 # plain-PyTorch reference (``reference``) and interpreter launcher (``launch_interpreted``).
 OP_MODULES = {
     mamba_state_scatter.contract.CONTRACT.op: mamba_state_scatter,
+    sparse_mla_prefill.contract.CONTRACT.op: sparse_mla_prefill,
+    transport_pool.contract.CONTRACT.op: transport_pool,
 }
 
-__all__ = ["OP_MODULES", "fused_mamba_state_scatter_with_mask"]
+__all__ = [
+    "OP_MODULES",
+    "Lease",
+    "TransportConsumer",
+    "TransportPool",
+    "copy_and_publish",
+    "fused_mamba_state_scatter_with_mask",
+    "sparse_mla_q8kv8_prefill_fwd",
+]

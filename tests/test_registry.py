@@ -57,7 +57,8 @@ def test_fake_registration_runs_the_contract(op):
     entry = torch._library.simple_registry.singleton.find(op)
     assert entry.fake_impl.kernel is not None, f"{op} has no fake implementation"
     module = OP_MODULES[op]
-    spec = {k: None if t is None else TensorSpec(tuple(t.shape), t.dtype, "cuda:0")
+    spec = {k: TensorSpec(tuple(t.shape), t.dtype, "cuda:0") if isinstance(t, torch.Tensor)
+            else t  # None, Python scalars: passed as they are (as the self-check does)
             for k, t in module.example_inputs("cpu", True, torch.Generator().manual_seed(0)).items()}
     rule = CONTRACTS[op].rules[-1]
     with fake_mode():

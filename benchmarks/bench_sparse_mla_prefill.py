@@ -1,0 +1,165 @@
+"""Benchmark: FP8 sparse MLA prefill at the SPEC §2 / issue 5 shapes.
+
+For each shape ``(s_q, s_kv, h_q, d_qk, topk)``, indices uniform in ``[0, s_kv)``: ours in eager
+mode (``do_bench`` median, L2 flushed) as TFLOPS (``2 * s_q * h_q * topk * (d_qk + d_v)`` per
+call) and as a fraction of the dense FP8 GEMM rate (``torch._scaled_mm`` at 8192³) measured in
+this run; the speed-up over the plain-PyTorch reference in float32; the relative L2 error of
+``out`` against the float64 reference (and whether ``max_logits``/``lse`` are within the GPU
+tolerance); the compiled kernel's registers, spills and MMA instructions (FP8 and bf16
+``wgmma`` expected; an ``mma.sync`` means a product fell back to the slower path); and a sweep of
+the kernel's tuning knobs.
+
+    python benchmarks/bench_sparse_mla_prefill.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+from pathlib import Path
+
+import torch
+
+from strictops.meta import sparse_mla_prefill as contract
+from strictops.ops import sparse_mla_prefill as m
+from strictops.ops import sparse_mla_q8kv8_prefill_fwd
+
+from _harness import Report, fp8_gemm_tflops, median_us
+
+# (s_q, s_kv, h_q, d_qk, topk), from the issue.
+SHAPES = [
+    (4096, 8192, 128, 576, 2048),
+    (4096, 32768, 128, 576, 2048),
+    (4096, 8192, 64, 512, 512),
+    (1024, 8192, 128, 576, 2048),
+]
+# Context, measured by SPEC §2 on an H200 (not in this run): the original CUTLASS kernel, and a
+# plain Triton kernel of this design (P·V in bf16).
+ORIGINAL_TFLOPS = {SHAPES[0]: 695, SHAPES[1]: 682, SHAPES[2]: 532, SHAPES[3]: 687}
+SPEC_TRITON_TFLOPS = {SHAPES[0]: 270, SHAPES[2]: 204}
+# The issue's bar at the first shape.
+TARGET_TFLOPS = 400
+# Kernel variants swept on every run; the op's defaults are m.TUNING.
+TUNING = [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (1, 2, 3)]
+# Instructions that show which MMA each product compiled to.
+MMA_PATTERNS = {
+    "wgmma_fp8": r"wgmma\.mma_async\S*\.e4m3\.e4m3",
+    "wgmma_bf16": r"wgmma\.mma_async\S*\.bf16\.bf16",
+    "mma_sync": r"\bmma\.sync\.",
+}
+
+
+def _name(shape) -> str:
+    return "x".join(str(s) for s in shape)
+
+
+def _variant_name(v: dict) -> str:
+    return f"{v['num_warps']}w/{v['num_stages']}s"
+
+
+def tflops(shape, us: float) -> float:
+    s_q, _, h_q, d_qk, topk = shape
+    return 2 * s_q * h_q * topk * (d_qk + contract.D_V) / us / 1e6
+
+
+def _launch(args: dict, out: tuple, **tuning):
+    """One launch of the op's JIT kernel on validated ``args`` into ``out``; returns the
+    compiled kernel."""
+    return m._launch(m._sparse_mla_prefill_kernel, *(args[k] for k in m.INPUTS if k != "d_v"),
+                     *out, None, **tuning)
+
+
+def kernel_facts(compiled) -> dict:
+    """Registers, spills and MMA instruction counts of a compiled kernel (from its PTX)."""
+    ptx = compiled.asm.get("ptx", "")
+    facts = {name: len(re.findall(pattern, ptx)) for name, pattern in MMA_PATTERNS.items()}
+    facts.update(registers=compiled.n_regs, spills=compiled.n_spills)
+    return facts
+
+
+def measure(shape, gen: torch.Generator, gemm: float) -> dict:
+    """Every number of one shape (its tensors are freed on return)."""
+    s_q, s_kv, h_q, d_qk, topk = shape
+    dims = contract.Dims(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, device="cuda")
+    call = m.random_inputs(dims, gen, invalid_fraction=0.0, edge_rows=False)
+    inputs = {k: call[k] for k in m.INPUTS}
+
+    outputs = sparse_mla_q8kv8_prefill_fwd(**call)
+    expected = m.reference(**inputs)
+    within, detail = m.compare_to_reference(outputs, expected, m.GPU_REL_L2_BOUND,
+                                            m.GPU_LOGIT_TOL)
+    rel_l2 = m.relative_l2(outputs[0], expected[0])
+    del expected  # 2 GiB of float64 at the large shapes
+    torch.cuda.empty_cache()
+
+    ours_us = median_us(lambda: sparse_mla_q8kv8_prefill_fwd(**call))
+    reference_us = median_us(functools.partial(m.reference, **inputs, dtype=torch.float32),
+                             warmup=1, rep=1)
+    tuning = {}
+    for variant in TUNING:
+        try:
+            _launch(call, outputs, **variant)
+        except Exception as exc:  # e.g. out of shared memory: a variant, not the op
+            tuning[_variant_name(variant)] = type(exc).__name__
+            continue
+        tuning[_variant_name(variant)] = tflops(
+            shape, median_us(functools.partial(_launch, call, outputs, **variant)))
+    ours = tflops(shape, ours_us)
+    return dict(
+        shape=_name(shape), us=ours_us, TFLOPS=ours, fraction_of_fp8_gemm=ours / gemm,
+        original_TFLOPS=ORIGINAL_TFLOPS.get(shape),
+        spec_triton_TFLOPS=SPEC_TRITON_TFLOPS.get(shape), reference_fp32_us=reference_us,
+        speedup_vs_reference=reference_us / ours_us, rel_l2=rel_l2, within_tolerance=within,
+        check=detail, tuning_TFLOPS=tuning, **kernel_facts(_launch(call, outputs)),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = ap.parse_args()
+
+    gen = torch.Generator(device="cuda").manual_seed(20261130)
+    report = Report("sparse_mla_prefill")
+    gemm = fp8_gemm_tflops()
+    report.ceilings["fp8_gemm_8192_TFLOPS"] = gemm
+    for shape in SHAPES:
+        torch.cuda.empty_cache()
+        report.add(**measure(shape, gen, gemm))
+
+    report.write(args.out, ["shape", "us", "TFLOPS", "fraction_of_fp8_gemm", "original_TFLOPS",
+                            "spec_triton_TFLOPS", "speedup_vs_reference", "rel_l2",
+                            "within_tolerance", "registers", "spills", "wgmma_fp8", "wgmma_bf16",
+                            "mma_sync"], plot=_plot)
+    for r in report.rows:
+        print(r["shape"], "tuning (TFLOPS):",
+              ", ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in r["tuning_TFLOPS"].items()))
+    first = report.rows[0]
+    print(f"bar: {TARGET_TFLOPS} TFLOPS at {first['shape']}: "
+          f"{'met' if first['TFLOPS'] >= TARGET_TFLOPS else 'not met'} ({first['TFLOPS']:.0f})")
+
+
+def _plot(plt, report):
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [r["shape"] for r in report.rows]
+    series = [("ours", "TFLOPS"), ("original CUTLASS (SPEC §2)", "original_TFLOPS"),
+              ("plain Triton (SPEC §2)", "spec_triton_TFLOPS")]
+    width = 0.27
+    for i, (label, key) in enumerate(series):
+        ax.bar([x + i * width for x in range(len(names))],
+               [r[key] or 0 for r in report.rows], width, label=label)
+    ax.axhline(report.ceilings["fp8_gemm_8192_TFLOPS"], color="k", linestyle="--",
+               label="FP8 GEMM 8192³, this run")
+    ax.axhline(TARGET_TFLOPS, color="r", linestyle=":", label="issue bar")
+    ax.set_xticks([x + width for x in range(len(names))], names, fontsize=7)
+    ax.set_xlabel("(s_q, s_kv, h_q, d_qk, topk)")
+    ax.set_ylabel("TFLOPS (median)")
+    ax.set_title(f"sparse_mla_q8kv8_prefill_fwd on {report.env['device']}")
+    ax.legend(fontsize=7)
+    return fig
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Benchmark: publishing a tensor into the transport pool at the SPEC §3 sizes.
+
+For 64 KiB, 1 MiB, 16 MiB and 256 MiB: ours (one launch; the lease read from a device tensor,
+as a captured graph does, and the lease as kernel arguments, the pool's eager ``copy_tensor``
+path), the original path (``copy_`` into the lease, then ``cuStreamWriteValue32`` of the ready
+word), ``copy_`` alone, and the floor (bytes read + written over the copy bandwidth measured in
+this run). Device-time medians (``do_bench``, L2 flushed before each call) and CUDA-graph
+replays; every publish is checked bit for bit (bytes and ready word); a tuning sweep of the
+kernel; the host wall time of an eager publish. Needs cuda-bindings (the original path).
+
+    python benchmarks/bench_transport_pool.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from strictops.meta.transport_pool import data_start
+from strictops.ops import TransportPool
+from strictops.ops import _cuda_stream
+from strictops.ops import transport_pool as m
+
+from _harness import Report, copy_bandwidth_bytes_per_us, graph_replay_us, median_us, wall_us
+
+SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20), ("256MiB", 256 << 20)]
+SLOTS, CONSUMERS = 64, 2
+# Kernel variants swept on every run, reported as floor / graph-replay time; the op's defaults
+# are m.TUNING.
+TUNING = [{"block_bytes": b, "num_warps": w, "max_programs": p}
+          for b, w, p in [(4096, 4, 1024), (8192, 4, 1024), (8192, 4, 2048), (16384, 4, 1024),
+                          (16384, 8, 1024), (32768, 8, 528), (65536, 8, 264)]]
+
+
+def _variant_name(v: dict) -> str:
+    return f"{v['block_bytes']}B/{v['num_warps']}w/{v['max_programs']}p"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = ap.parse_args()
+
+    report = Report("transport_pool")
+    bw = copy_bandwidth_bytes_per_us()
+    report.ceilings["copy_bandwidth_TBps"] = bw / 1e6
+    pool = TransportPool(data_start(SLOTS, CONSUMERS) + SIZES[-1][1] + (1 << 20),
+                         device="cuda:0", consumer_count=CONSUMERS, max_inflight_slices=SLOTS,
+                         recycle_interval=None, name="bench")
+    stream = torch.cuda.current_stream()
+    for name, nbytes in SIZES:
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+        lease = pool.lease(nbytes)
+        lease_t = torch.tensor(lease, device="cuda")
+        state = m.new_state("cuda")
+        dst = pool.tensor[lease.start:lease.start + nbytes]
+        ready = pool.tensor[lease.ready_byte_offset:lease.ready_byte_offset + 4].view(torch.int32)
+        floor_us = 2 * nbytes / bw
+
+        def ours_tensor():
+            pool.publish(src, lease_t, state)
+
+        def ours_args():
+            pool._publish_lease(src, lease)
+
+        def original():
+            dst.copy_(src)
+            _cuda_stream.write_value32(stream, pool.base_address + lease.ready_byte_offset,
+                                       lease.generation)
+
+        exact = True
+        for publish in (ours_tensor, ours_args):
+            dst.zero_()
+            ready.zero_()
+            publish()
+            torch.cuda.synchronize()
+            exact &= torch.equal(dst, src) and int(ready) == lease.generation
+
+        tuning = {}
+        for variant in TUNING:
+            def launch(variant=variant):
+                m._launch(m._publish_kernel, pool.tensor, src, lease_t, state, SLOTS, CONSUMERS,
+                          **variant)
+            tuning[_variant_name(variant)] = floor_us / graph_replay_us(launch)
+
+        wall, wall_min = wall_us(ours_args, calls=200)
+        report.add(
+            size=name, bytes=nbytes, bit_exact=exact and int(state[m.ERRORS]) == 0,
+            floor_us=floor_us,
+            copy_us=median_us(lambda: dst.copy_(src)),
+            original_us=median_us(original),
+            ours_us=median_us(ours_tensor),
+            ours_args_us=median_us(ours_args),
+            copy_graph_us=graph_replay_us(lambda: dst.copy_(src)),
+            original_graph_us=graph_replay_us(original),
+            ours_graph_us=graph_replay_us(ours_tensor),
+            eager_wall_us=wall, eager_wall_min_us=wall_min,
+            tuning_bw_ratio=tuning,
+        )
+        row = report.rows[-1]
+        row["ours_bw_ratio"] = floor_us / row["ours_us"]
+        row["speedup_vs_original"] = row["original_us"] / row["ours_us"]
+        pool.release(lease)
+    pool.shutdown()
+
+    report.write(args.out, ["size", "bit_exact", "floor_us", "copy_us", "original_us", "ours_us",
+                            "ours_args_us", "copy_graph_us", "original_graph_us",
+                            "ours_graph_us", "eager_wall_us", "eager_wall_min_us",
+                            "ours_bw_ratio", "speedup_vs_original"], plot=_plot)
+    for r in report.rows:
+        print(r["size"], "tuning (floor/time):",
+              ", ".join(f"{k}={v:.3f}" for k, v in r["tuning_bw_ratio"].items()))
+
+
+def _plot(plt, report):
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [r["size"] for r in report.rows]
+    series = [("floor (bytes / copy bandwidth)", "floor_us"), ("copy_ alone", "copy_us"),
+              ("copy_ + cuStreamWriteValue32", "original_us"),
+              ("ours, lease tensor", "ours_us"), ("ours, lease arguments", "ours_args_us")]
+    width = 0.16
+    for i, (label, key) in enumerate(series):
+        ax.bar([x + i * width for x in range(len(names))], [r[key] for r in report.rows],
+               width, label=label)
+    ax.set_xticks([x + 2 * width for x in range(len(names))], names)
+    ax.set_yscale("log")
+    ax.set_ylabel("µs (median, log scale)")
+    ax.set_title(f"copy_and_publish on {report.env['device']}")
+    ax.legend(fontsize=7)
+    return fig
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Stream memory operations through ``cuda-bindings``: wait for and write one 32-bit word in
+stream order, with no host polling.
+
+``cuda-bindings`` is an optional dependency (``pip install 'strictops[cuda]'``): it is imported on
+the first call, so the package imports, and CPU-only CI runs, without it. Both operations can be
+captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# CUstreamWaitValue_flags: CU_STREAM_WAIT_VALUE_EQ. The driver's default (0) is a cyclic
+# greater-or-equal, which would let a consumer that waits for an old generation through once the
+# slot has moved on, onto a newer lease's bytes.
+WAIT_VALUE_EQ = 0x1
+# CUstreamWriteValue_flags: CU_STREAM_WRITE_VALUE_DEFAULT (the write waits for prior work).
+WRITE_VALUE_DEFAULT = 0x0
+
+
+@functools.cache
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise ImportError(
+            "stream-ordered waits and writes need cuda-bindings: pip install 'strictops[cuda]'"
+        ) from exc
+    return driver
+
+
+def _check(result: tuple, call: str) -> None:
+    driver = _driver()
+    err = result[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, text = driver.cuGetErrorString(err)
+        raise RuntimeError(f"{call} failed: {err.name} ({text.decode() if text else '?'})")
+
+
+def wait_value32(stream: torch.cuda.Stream, address: int, value: int) -> None:
+    """Block ``stream`` (not the host) until the int32 at device ``address`` equals ``value``."""
+    with torch.cuda.device(stream.device):
+        _check(_driver().cuStreamWaitValue32(stream.cuda_stream, address, value, WAIT_VALUE_EQ),
+               "cuStreamWaitValue32")
+
+
+def write_value32(stream: torch.cuda.Stream, address: int, value: int) -> None:
+    """Write ``value`` to the int32 at device ``address`` once ``stream``'s prior work is done."""
+    with torch.cuda.device(stream.device):
+        _check(_driver().cuStreamWriteValue32(stream.cuda_stream, address, value,
+                                              WRITE_VALUE_DEFAULT),
+               "cuStreamWriteValue32")

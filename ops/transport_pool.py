@@ -1,0 +1,758 @@
+"""Stream-ordered GPU transport pool (SPEC §3): copy-and-publish op, pool runtime, consumers.
+
+A producer copies a tensor into a leased range of one preallocated CUDA byte pool and then
+publishes it by writing the lease's generation into the lease's ready word; consumer processes,
+attached to the same pool over CUDA IPC, wait for that word in stream order, read the bytes and
+write the generation into their own ack word; a range is free again once every consumer has
+acknowledged. The layout and the lease format are in :mod:`strictops.meta.transport_pool`.
+
+The op: ``strictops::copy_and_publish``
+---------------------------------------
+One Triton launch copies ``lease.nbytes`` bytes of ``src`` to ``pool[lease.start:]`` and then
+writes ``lease.generation`` into ``pool``'s int32 word at ``lease.ready_byte_offset``. Every byte
+is visible before the flag, across programs, by a last-arrival counter: each program copies its
+blocks, passes a CTA barrier (``tl.debug_barrier``: every thread's stores precede what thread 0
+does next) and adds 1 to ``state[ARRIVALS]`` with acquire-release semantics at GPU scope (a
+release of the CTA's stores, and an acquire of those of every program that arrived before it).
+The program that arrives last therefore sees every byte of the copy; it resets the counter to 0
+for the next launch and writes the flag with a release at system scope, which orders the whole
+copy before the flag for any observer (a consumer kernel, or a ``cuStreamWaitValue32`` in
+another process). This is the pattern of CUDA's own grid-wide barrier (bar.sync, then one
+thread's fenced atomic). Two launches (copy, then a stream write) would get the same ordering
+from the stream; one launch saves the second launch's latency, which at small sizes is most of a
+publish. The counter is per ``state`` tensor: two publishes that may run concurrently need two
+``state`` tensors (the pool keeps one per slot).
+
+The lease is read from an int64 CUDA tensor, so one captured CUDA graph publishes into a new
+lease on every replay (write the tensor, replay). Its values are checked on the device against
+the pool's layout, which is a trace-time constant: a lease that is not a 256-byte-aligned part
+of the data region of at most ``src``'s size, with its slot's own ready word and a positive int32
+generation (:func:`strictops.meta.transport_pool.lease_fits`), is skipped without touching the
+pool, and ``state[ERRORS]`` is incremented for the host to read when it likes.
+
+Registration: ``torch.library.triton_op``, whose body runs the contract and launches through
+``wrap_triton``: the same body is the fake, so ``torch.compile``/``torch.export`` fail at trace
+time with the eager message, and Inductor sees the Triton launch.
+
+The runtime
+-----------
+:class:`LeaseAllocator` (pure Python: best-fit 256-byte-aligned ranges, merged when freed, slots
+with generations), :class:`TransportPool` (the producer: pool tensor, ``copy_tensor``, recycler,
+``cancel_lease``, IPC export) and :class:`TransportConsumer` (wait, read, acknowledge). Waits
+and acks use ``cuStreamWaitValue32``/``cuStreamWriteValue32`` (:mod:`._cuda_stream`), imported
+on first use.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from strictops.meta import transport_pool as contract
+from strictops.meta.transport_pool import (
+    ARRIVALS,
+    DATA_ALIGNMENT,
+    ERRORS,
+    LEASE_WORDS,
+    MAX_GENERATION,
+    STATE_WORDS,
+    WORD_BYTES,
+    Lease,
+    align_up,
+    lease_fits,
+)
+
+from . import _cuda_stream
+from ._dispatch import can_skip_dispatcher, on_device_of
+from ._interpret import interpreted
+
+__all__ = [
+    "Lease",
+    "LeaseAllocator",
+    "PoolHandle",
+    "TransportConsumer",
+    "TransportPool",
+    "copy_and_publish",
+    "example_inputs",
+    "launch_interpreted",
+    "new_state",
+    "reference",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_INFLIGHT_SLICES = 4096
+
+# Word indices of the lease tensor (the fields of Lease, in order) and of the state tensor.
+_START = tl.constexpr(Lease._fields.index("start"))
+_END = tl.constexpr(Lease._fields.index("end"))
+_NBYTES = tl.constexpr(Lease._fields.index("nbytes"))
+_SLOT = tl.constexpr(Lease._fields.index("slot"))
+_GENERATION = tl.constexpr(Lease._fields.index("generation"))
+_READY = tl.constexpr(Lease._fields.index("ready_byte_offset"))
+_ACK = tl.constexpr(Lease._fields.index("ack_byte_offset"))
+_ARRIVALS = tl.constexpr(ARRIVALS)
+_ERRORS = tl.constexpr(ERRORS)
+_ALIGN = tl.constexpr(DATA_ALIGNMENT)
+_WORD = tl.constexpr(WORD_BYTES)
+_MAX_GENERATION = tl.constexpr(MAX_GENERATION)
+
+
+@triton.jit(do_not_specialize=["start_arg", "end_arg", "nbytes_arg", "slot_arg",
+                               "generation_arg", "ready_arg", "ack_arg"])
+def _publish_kernel(
+    pool_ptr,
+    src_ptr,
+    lease_ptr,
+    state_ptr,
+    memory_size,
+    src_nbytes,
+    data_start,
+    slot_bytes,
+    n_slots,
+    start_arg,
+    end_arg,
+    nbytes_arg,
+    slot_arg,
+    generation_arg,
+    ready_arg,
+    ack_arg,
+    LEASE_FROM_PTR: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Copy the lease's bytes with a grid-stride loop, then publish its generation.
+
+    Grid: ``(min(cdiv(src_nbytes, BLOCK), max_programs),)``; each program copies the
+    ``BLOCK``-byte blocks ``pid, pid + grid, ...``; the partial last block goes to the program
+    whose turn it is.
+
+    pool_ptr: ``[memory_size]`` uint8, 256-byte aligned.
+    src_ptr: ``[src_nbytes]`` uint8 (the source's bytes).
+    lease_ptr: ``[LEASE_WORDS]`` int64, read when ``LEASE_FROM_PTR``; otherwise the lease is
+        ``start_arg .. ack_arg`` (an eager publish from the pool, whose lease is on the host).
+    state_ptr: ``[STATE_WORDS]`` int32: arrival counter (0 between launches), error count.
+    data_start, slot_bytes, n_slots: the pool's layout (trace-time constants).
+    """
+    if LEASE_FROM_PTR:
+        start = tl.load(lease_ptr + _START)
+        end = tl.load(lease_ptr + _END)
+        nbytes = tl.load(lease_ptr + _NBYTES)
+        slot = tl.load(lease_ptr + _SLOT)
+        generation = tl.load(lease_ptr + _GENERATION)
+        ready = tl.load(lease_ptr + _READY)
+        ack = tl.load(lease_ptr + _ACK)
+    else:
+        start = start_arg.to(tl.int64)
+        end = end_arg.to(tl.int64)
+        nbytes = nbytes_arg.to(tl.int64)
+        slot = slot_arg.to(tl.int64)
+        generation = generation_arg.to(tl.int64)
+        ready = ready_arg.to(tl.int64)
+        ack = ack_arg.to(tl.int64)
+    # lease_fits, on the device. Every term is evaluated: a difference that wraps for a wild
+    # value is only ever combined with a term that is already false for it.
+    fits = (start >= data_start) & (start <= end) & (end <= memory_size)
+    fits = fits & (start % _ALIGN == 0) & (nbytes > 0) & (nbytes <= end - start)
+    fits = fits & (nbytes <= src_nbytes) & (slot >= 0) & (slot < n_slots)
+    fits = fits & (ready == slot * slot_bytes) & (ack == ready + _WORD)
+    fits = fits & (generation > 0) & (generation <= _MAX_GENERATION)
+
+    pid = tl.program_id(0).to(tl.int64)
+    programs = tl.num_programs(0).to(tl.int64)
+    if fits:
+        # start is a multiple of 256 here; saying so in arithmetic (a tl.multiple_of hint is
+        # lost on a kernel argument) lets the stores be 16-byte vectors.
+        dst_ptr = pool_ptr + (start // _ALIGN) * _ALIGN
+        offs = tl.arange(0, BLOCK)
+        full_blocks = nbytes // BLOCK
+        for block in range(pid, full_blocks, programs):
+            o = block * BLOCK + offs
+            tl.store(dst_ptr + o, tl.load(src_ptr + o))
+        tail = nbytes - full_blocks * BLOCK
+        if (tail > 0) & (pid == full_blocks % programs):
+            o = full_blocks * BLOCK + offs
+            tl.store(dst_ptr + o, tl.load(src_ptr + o, mask=offs < tail), mask=offs < tail)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(state_ptr + _ARRIVALS, 1, sem="acq_rel", scope="gpu")
+        if arrived == programs - 1:
+            tl.atomic_xchg(state_ptr + _ARRIVALS, 0, sem="relaxed", scope="gpu")
+            ready_ptr = (pool_ptr + ready).to(tl.pointer_type(tl.int32))
+            tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="sys")
+    else:
+        if pid == 0:
+            tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
+
+
+# Bytes one program copies per loop step, warps per program, and the most programs a launch
+# uses (beyond that, programs loop): defaults, to be set from the tuning sweep in
+# benchmarks/bench_transport_pool.py on the H200.
+TUNING = {"block_bytes": 8192, "num_warps": 4, "max_programs": 1024}
+
+
+def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
+            values: Optional[Sequence[int]] = None, block_bytes=TUNING["block_bytes"],
+            num_warps=TUNING["num_warps"], max_programs=TUNING["max_programs"]):
+    """Launch ``kernel`` (JIT, wrapped or interpreted) on validated inputs; ``values``: the
+    lease's fields on the host (``lease`` is then not read)."""
+    src_bytes = src.view(-1).view(torch.uint8)  # a view: the kernel reads any dtype as bytes
+    src_nbytes = src_bytes.shape[0]
+    grid = (torch.sym_min(triton.cdiv(src_nbytes, block_bytes), max_programs),)
+    lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
+    kernel[grid](
+        pool, src_bytes, lease, state,
+        pool.shape[0], src_nbytes, contract.data_start(max_inflight_slices, consumer_count),
+        contract.slot_bytes(consumer_count), max_inflight_slices,
+        *lease_args,
+        LEASE_FROM_PTR=values is None, BLOCK=block_bytes, num_warps=num_warps,
+    )
+
+
+def _validate_and_launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count):
+    contract.validate(pool, src, lease, state, max_inflight_slices, consumer_count)
+    # A real launch goes to the pool's device; a wrapped kernel (tracing) is only recorded.
+    real = kernel is _publish_kernel
+    with on_device_of(pool) if real else contextlib.nullcontext():
+        _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count)
+
+
+@triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
+def _copy_and_publish(
+    pool: torch.Tensor,
+    src: torch.Tensor,
+    lease: torch.Tensor,
+    state: torch.Tensor,
+    max_inflight_slices: int,
+    consumer_count: int,
+) -> None:
+    # The body is also the fake: under fake tensors the launch is recorded, not run
+    # (wrap_triton returns the kernel itself outside tracing).
+    _validate_and_launch(wrap_triton(_publish_kernel), pool, src, lease, state,
+                         max_inflight_slices, consumer_count)
+
+
+def copy_and_publish(
+    pool: torch.Tensor,
+    src: torch.Tensor,
+    lease: torch.Tensor,
+    state: torch.Tensor,
+    max_inflight_slices: int,
+    consumer_count: int,
+) -> None:
+    """Copy ``src``'s first ``nbytes`` bytes into the lease's range of ``pool``, then
+    write the lease's generation into its ready word; one launch, no host sync, capturable.
+
+    Parameters
+    ----------
+    pool : torch.Tensor
+        ``[memory_size]`` uint8 CUDA tensor laid out as in
+        :mod:`strictops.meta.transport_pool`, written in place.
+    src : torch.Tensor
+        Any shape and dtype, contiguous, non-empty, on ``pool``'s device.
+    lease : torch.Tensor
+        ``[7]`` int64 on ``pool``'s device: ``torch.tensor(lease)`` of a :class:`Lease`.
+    state : torch.Tensor
+        ``[2]`` int32 on ``pool``'s device, zero when first used (:func:`new_state`); written:
+        ``state[1]`` counts refused leases. Publishes that may overlap need separate states.
+    max_inflight_slices, consumer_count : int
+        The pool's layout.
+
+    Notes
+    -----
+    With ``start, end, nbytes, slot, generation, ready, _ = lease``::
+
+        pool[start:start + nbytes] = src.view(-1).view(uint8)[:nbytes]
+        pool[ready:ready + 4].view(int32) = generation    # after every byte above is visible
+
+    if the lease fits (``lease_fits``); otherwise nothing is written to ``pool`` and
+    ``state[1] += 1``. Bad metadata raises ``ValueError`` before launch in eager mode and at
+    trace time under ``torch.compile``/``torch.export``.
+    """
+    if can_skip_dispatcher(pool, src, lease, state):
+        _validate_and_launch(_publish_kernel, pool, src, lease, state, max_inflight_slices,
+                             consumer_count)
+        torch.autograd.graph.increment_version((pool, state))  # as the dispatcher does
+        return
+    torch.ops.strictops.copy_and_publish(pool, src, lease, state, max_inflight_slices,
+                                         consumer_count)
+
+
+def new_state(device) -> torch.Tensor:
+    """A fresh ``state`` argument: ``[2]`` int32 zeros on ``device``."""
+    return torch.zeros(STATE_WORDS, dtype=torch.int32, device=device)
+
+
+def launch_interpreted(pool, src, lease, state, max_inflight_slices, consumer_count,
+                       reverse_programs=False, **tuning):
+    """Run the kernel through the Triton interpreter on CPU tensors (tests, self-check).
+
+    ``lease`` may be a tensor (read by the kernel) or a :class:`Lease` / sequence of ints
+    (passed as kernel arguments, the pool's eager path). ``reverse_programs`` runs programs in
+    reverse grid order, so that the last program to arrive is not the last one in the grid.
+    """
+    values = None if isinstance(lease, torch.Tensor) else lease
+    lease_t = state if values is not None else lease
+    with interpreted(_publish_kernel, reverse_programs) as kernel:
+        _launch(kernel, pool, src, lease_t, state, max_inflight_slices, consumer_count,
+                values=values, **tuning)
+
+
+def reference(pool, src, lease, state, max_inflight_slices, consumer_count):
+    """Plain-PyTorch reference: new ``(pool, state)`` equal to the op's result.
+
+    ``lease`` may be a tensor or a sequence of ints (as :func:`launch_interpreted`). A copy is
+    exact, so no upcast is needed.
+    """
+    pool_out, state_out = pool.clone(), state.clone()
+    values = lease.tolist() if isinstance(lease, torch.Tensor) else list(lease)
+    src_bytes = src.reshape(-1).view(torch.uint8)
+    if lease_fits(values, pool.numel(), max_inflight_slices, consumer_count, src_bytes.numel()):
+        start, _, nbytes, _, generation, ready, _ = values
+        pool_out[start:start + nbytes] = src_bytes[:nbytes]
+        word = torch.tensor([generation], dtype=torch.int32, device=pool.device)
+        pool_out[ready:ready + WORD_BYTES] = word.view(torch.uint8)
+    else:
+        state_out[ERRORS] += 1
+    return pool_out, state_out
+
+
+def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict:
+    """Keyword arguments of a valid call that publishes into a lease in the middle of the pool.
+
+    Parameters
+    ----------
+    device : str
+        ``"cpu"`` for :func:`launch_interpreted`, ``"cuda:N"`` for the op.
+    small : bool
+        Interpreter-sized shapes (pairwise-distinct sizes >= 3, apart from the fixed-size lease
+        and state, so a dynamic trace keeps each a separate symbol) instead of a moderate GPU
+        shape.
+    generator : torch.Generator
+        CPU generator behind every random value.
+
+    Returns
+    -------
+    dict
+        ``pool`` ``[memory_size]`` uint8, random bytes everywhere (the op must change exactly
+        one range and one word); ``src`` ``[rows, cols]`` float32, random; ``lease`` int64
+        ``[7]``: a fitting lease whose ``nbytes`` is 3 bytes short of ``src``'s, so the copy
+        ends mid-element and mid-block; ``state`` int32 ``[2]`` zeros; the layout ints.
+    """
+    if small:
+        dims = contract.Dims(memory_size=6400, max_inflight_slices=5, consumer_count=3,
+                             src_shape=(37, 9))
+    else:
+        dims = contract.Dims(memory_size=64 << 20, max_inflight_slices=64, consumer_count=2,
+                             src_shape=(1024, 1021))
+    spec = contract.valid_spec(dims)
+    src_nbytes = dims.src_shape[0] * dims.src_shape[1] * 4
+    slot = dims.max_inflight_slices - 2
+    ready = slot * contract.slot_bytes(dims.consumer_count)
+    start = contract.data_start(dims.max_inflight_slices, dims.consumer_count) + 2 * DATA_ALIGNMENT
+    lease = Lease(start=start, end=start + align_up(src_nbytes, DATA_ALIGNMENT),
+                  nbytes=src_nbytes - 3, slot=slot, generation=12345,
+                  ready_byte_offset=ready, ack_byte_offset=ready + WORD_BYTES)
+    return {
+        "pool": torch.randint(0, 256, spec["pool"].shape, generator=generator,
+                              dtype=torch.uint8).to(device),
+        "src": torch.randn(dims.src_shape, generator=generator).to(device),
+        "lease": torch.tensor(lease, dtype=torch.int64, device=device),
+        "state": new_state(device),
+        "max_inflight_slices": dims.max_inflight_slices,
+        "consumer_count": dims.consumer_count,
+    }
+
+
+def selfcheck_result(on_gpu: bool) -> tuple[bool, str]:
+    """The self-check's result row: the example call's pool and state, bit for bit against
+    the reference (the op writes two tensors, so the default one-tensor check does not fit).
+    Without a GPU the kernel runs interpreted, in small blocks so that several programs loop
+    and the last to arrive is not the last in the grid."""
+    args = example_inputs("cuda:0" if on_gpu else "cpu", small=not on_gpu,
+                          generator=torch.Generator().manual_seed(0))
+    before = args["pool"].clone()
+    pool, state = reference(**args)
+    if on_gpu:
+        copy_and_publish(**args)
+        where = "GPU cuda:0"
+    else:
+        launch_interpreted(**args, reverse_programs=True, block_bytes=64, max_programs=4)
+        where = "Triton interpreter"
+    detail = f"{where}, pool {before.numel()} B, lease {args['lease'].tolist()}"
+    if torch.equal(pool, before):
+        return False, f"{detail}: the example call writes nothing"
+    return torch.equal(args["pool"], pool) and torch.equal(args["state"], state), detail
+
+
+# --------------------------------------------------------------------------------------------
+# The pool runtime
+
+
+class LeaseAllocator:
+    """Leases of the pool's data region: best-fit 256-byte-aligned ranges, merged when freed,
+    and slots whose generation grows on every lease.
+
+    Pure Python (no tensor, no device, no lock): :class:`TransportPool` calls it under its lock,
+    and the tests drive it directly.
+
+    Parameters
+    ----------
+    memory_size, max_inflight_slices, consumer_count : int
+        The pool's layout (:mod:`strictops.meta.transport_pool`), already validated.
+    name : str
+        The transport's name, for messages.
+    """
+
+    def __init__(self, memory_size: int, max_inflight_slices: int, consumer_count: int,
+                 name: str) -> None:
+        self.name = name
+        self.memory_size = memory_size
+        self.consumer_count = consumer_count
+        self.data_start = contract.data_start(max_inflight_slices, consumer_count)
+        self.slot_bytes = contract.slot_bytes(consumer_count)
+        self._free = [(self.data_start, memory_size)]  # sorted, disjoint, never adjacent
+        self._free_slots = list(reversed(range(max_inflight_slices)))  # lowest slot on top
+        self._generations = [0] * max_inflight_slices
+        self._active: dict[int, Lease] = {}
+
+    @property
+    def active(self) -> tuple[Lease, ...]:
+        return tuple(self._active.values())
+
+    @property
+    def free_ranges(self) -> tuple[tuple[int, int], ...]:
+        return tuple(self._free)
+
+    def generation(self, slot: int) -> int:
+        """The generation of ``slot``'s latest lease (0: never leased)."""
+        return self._generations[slot]
+
+    def allocate(self, nbytes: int) -> Optional[Lease]:
+        """A lease of ``nbytes`` bytes (rounded up to 256), or None if no range or slot is free.
+
+        Best fit: the smallest free range that holds it, the lowest address among equals; the
+        lease takes the range's start. Raises ``RuntimeError`` when the slot's generation would
+        pass ``0x7FFFFFFF``, before anything changes.
+        """
+        if nbytes <= 0:
+            raise ValueError(f"{self.name} lease size must be positive, got {nbytes}")
+        size = align_up(nbytes, DATA_ALIGNMENT)
+        fits = [(end - start, start, i) for i, (start, end) in enumerate(self._free)
+                if end - start >= size]
+        if not fits or not self._free_slots:
+            return None
+        _, start, i = min(fits)
+        slot = self._free_slots[-1]
+        generation = self._generations[slot] + 1
+        if generation > MAX_GENERATION:
+            raise RuntimeError(f"{self.name} pool slot generation exhausted")
+        self._free_slots.pop()
+        self._generations[slot] = generation
+        range_end = self._free[i][1]
+        if start + size < range_end:
+            self._free[i] = (start + size, range_end)
+        else:
+            del self._free[i]
+        ready = slot * self.slot_bytes
+        lease = Lease(start, start + size, nbytes, slot, generation, ready, ready + WORD_BYTES)
+        self._active[slot] = lease
+        return lease
+
+    def require_active(self, lease: Lease, action: str) -> None:
+        """Raise ``RuntimeError`` unless ``lease`` is the live lease of its slot."""
+        if self._active.get(lease.slot) != lease:
+            raise RuntimeError(f"Cannot {action} inactive {self.name} pool lease "
+                               f"(slot={lease.slot}, generation={lease.generation})")
+
+    def release(self, lease: Lease) -> None:
+        """Free ``lease``'s range (merged with free neighbours) and slot."""
+        self.require_active(lease, "release")
+        del self._active[lease.slot]
+        self._free_slots.append(lease.slot)
+        start, end = lease.start, lease.end
+        i = bisect.bisect(self._free, (start, end))
+        if i < len(self._free) and self._free[i][0] == end:  # merge with the next range
+            end = self._free.pop(i)[1]
+        if i > 0 and self._free[i - 1][1] == start:  # ... and the previous one
+            i -= 1
+            start = self._free.pop(i)[0]
+        self._free.insert(i, (start, end))
+
+    def recycle(self, control_words: Sequence[Sequence[int]]) -> list[Lease]:
+        """Release every live lease that all consumers acknowledged; return those leases.
+
+        ``control_words[slot]`` is the slot's row of int32 control words as read from the
+        pool: ``[ready, ack_0, ..., ack_{consumer_count-1}]``.
+        """
+        done = [lease for lease in self._active.values()
+                if all(w == lease.generation
+                       for w in control_words[lease.slot][1:1 + self.consumer_count])]
+        for lease in done:
+            self.release(lease)
+        return done
+
+
+@dataclass(frozen=True)
+class PoolHandle:
+    """What a consumer process needs to attach to a pool: picklable (send it through a
+    ``torch.multiprocessing`` queue or pipe). ``rebuild(*args)`` opens the pool's CUDA IPC
+    handle (``torch.multiprocessing.reductions.reduce_tensor``)."""
+
+    rebuild: Callable[..., torch.Tensor]
+    args: tuple
+    max_inflight_slices: int
+    consumer_count: int
+    name: str
+
+
+class TransportPool:
+    """The producer's side: a CUDA byte pool, its leases, the publish, and the recycler.
+
+    Parameters
+    ----------
+    memory_size : int
+        Bytes of the pool, control words included.
+    device : torch.device or str, optional
+        CUDA device of the pool (default: the current one).
+    consumer_count : int
+        Consumers that must acknowledge every lease.
+    max_inflight_slices : int
+        Slots, i.e. leases live at once.
+    recycle_interval : float or None
+        Seconds between the background recycler's passes; None starts no recycler (call
+        :meth:`recycle`).
+    name : str
+        The transport's name in messages (``"{name} requires a CUDA tensor"``).
+    """
+
+    def __init__(self, memory_size: int, *, device=None, consumer_count: int = 1,
+                 max_inflight_slices: int = DEFAULT_MAX_INFLIGHT_SLICES,
+                 recycle_interval: Optional[float] = 0.005, name: str = "CUDA IPC") -> None:
+        if memory_size <= 0:
+            raise ValueError("memory_size must be positive")
+        if recycle_interval is not None and recycle_interval <= 0:
+            raise ValueError("recycle_interval must be positive")
+        # The layout rules on a meta tensor: a bad layout is refused before any allocation.
+        contract.LAYOUT.validate(pool=torch.empty(memory_size, dtype=torch.uint8, device="meta"),
+                                 max_inflight_slices=max_inflight_slices,
+                                 consumer_count=consumer_count, name=name)
+        self.device = torch.device(device if device is not None else "cuda")
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.name = name
+        self.max_inflight_slices = max_inflight_slices
+        self.consumer_count = consumer_count
+        self.allocator = LeaseAllocator(memory_size, max_inflight_slices, consumer_count, name)
+        self.tensor = torch.empty(memory_size, dtype=torch.uint8, device=self.device)
+        self._control = _control_words(self.tensor, max_inflight_slices, consumer_count)
+        self._control.zero_()
+        # One state row per slot: publishes in flight at once have different slots.
+        self._state = torch.zeros(max_inflight_slices, STATE_WORDS, dtype=torch.int32,
+                                  device=self.device)
+        # Zeroed before any other stream, thread or process reads a control word.
+        torch.cuda.synchronize(self.device)
+        self.base_address = self.tensor.data_ptr()
+        self._recycle_stream = torch.cuda.Stream(self.device)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._recycler = None
+        if recycle_interval is not None:
+            self._recycler = threading.Thread(target=self._recycle_loop, args=(recycle_interval,),
+                                              name=f"{name} pool recycler", daemon=True)
+            self._recycler.start()
+
+    @property
+    def active_lease_count(self) -> int:
+        with self._lock:
+            return len(self.allocator.active)
+
+    def lease(self, nbytes: int) -> Optional[Lease]:
+        """A lease of ``nbytes`` bytes, or None when no range or slot is free (for callers that
+        publish through :meth:`publish`, e.g. from a CUDA graph)."""
+        with self._lock:
+            return self.allocator.allocate(nbytes)
+
+    def release(self, lease: Lease) -> None:
+        """Free a lease whose publish was never enqueued (a published one is freed by its
+        consumers' acknowledgements, or by :meth:`cancel_lease`)."""
+        with self._lock:
+            self.allocator.release(lease)
+
+    def publish(self, src: torch.Tensor, lease: torch.Tensor, state: torch.Tensor) -> None:
+        """:func:`copy_and_publish` into this pool: ``lease`` and ``state`` are device tensors,
+        so this call can be captured in a CUDA graph and replayed into new leases."""
+        copy_and_publish(self.tensor, src, lease, state, self.max_inflight_slices,
+                         self.consumer_count)
+
+    def copy_tensor(self, tensor: torch.Tensor
+                    ) -> tuple[Optional[Lease], Optional[torch.Tensor]]:
+        """Copy ``tensor`` into a new lease and publish it on the current stream.
+
+        Returns ``(lease, view)``, ``view`` being the lease's bytes in the pool (uint8
+        ``[nbytes]``), or ``(None, None)`` when no range or slot is free. The source is checked
+        before anything is leased; if the launch fails the lease is released.
+        """
+        source = tensor.contiguous()
+        contract.SOURCE.validate(pool=self.tensor, src=source,
+                                 max_inflight_slices=self.max_inflight_slices,
+                                 consumer_count=self.consumer_count, name=self.name)
+        lease = self.lease(source.numel() * source.element_size())
+        if lease is None:
+            return None, None
+        try:
+            self._publish_lease(source, lease)
+        except BaseException:
+            self.release(lease)
+            raise
+        return lease, self.tensor[lease.start:lease.start + lease.nbytes]
+
+    def _publish_lease(self, source: torch.Tensor, lease: Lease) -> None:
+        # The lease is on the host: its values go to the kernel as arguments (no copy to the
+        # device first), with the slot's own state row.
+        state = self._state[lease.slot]
+        with on_device_of(self.tensor):
+            _launch(_publish_kernel, self.tensor, source, state, state,
+                    self.max_inflight_slices, self.consumer_count, values=lease)
+
+    def cancel_lease(self, lease: Lease) -> None:
+        """Acknowledge, for every consumer, a published lease that was never dispatched: in
+        stream order after its publish, so the recycler frees it once the publish is done."""
+        with self._lock:
+            self.allocator.require_active(lease, "cancel")
+        stream = torch.cuda.current_stream(self.device)
+        _cuda_stream.wait_value32(stream, self.base_address + lease.ready_byte_offset,
+                                  lease.generation)
+        for rank in range(self.consumer_count):
+            _cuda_stream.write_value32(
+                stream, self.base_address + lease.ack_byte_offset + rank * WORD_BYTES,
+                lease.generation)
+
+    def recycle(self) -> list[Lease]:
+        """Free every lease that all consumers acknowledged; return them.
+
+        Reads the control words on a stream of its own, so it waits for no producer work.
+        """
+        with torch.cuda.stream(self._recycle_stream):
+            words = self._control.to("cpu").tolist()
+        with self._lock:
+            return self.allocator.recycle(words)
+
+    def error_count(self) -> int:
+        """Publishes from :meth:`copy_tensor` the device refused (syncs the host: diagnostics)."""
+        return int(self._state[:, ERRORS].sum())
+
+    def export_handle(self) -> PoolHandle:
+        """A picklable handle through which another process attaches to this pool."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        rebuild, args = reduce_tensor(self.tensor)
+        return PoolHandle(rebuild, args, self.max_inflight_slices, self.consumer_count,
+                          self.name)
+
+    def shutdown(self) -> None:
+        """Stop the recycler thread (leases stay as they are)."""
+        self._stop.set()
+        if self._recycler is not None and self._recycler.is_alive():
+            self._recycler.join()
+
+    def _recycle_loop(self, interval: float) -> None:
+        torch.cuda.set_device(self.device)
+        while not self._stop.is_set():
+            try:
+                self.recycle()
+            except Exception:  # a failed pass must not end the thread: the next may succeed
+                logger.warning("%s pool recycle failed", self.name, exc_info=True)
+            self._stop.wait(interval)
+
+
+def _control_words(pool: torch.Tensor, max_inflight_slices: int,
+                   consumer_count: int) -> torch.Tensor:
+    """The int32 ``[max_inflight_slices, 1 + consumer_count]`` control words of ``pool``."""
+    words = 1 + consumer_count
+    control = pool[:max_inflight_slices * words * WORD_BYTES].view(torch.int32)
+    return control.view(max_inflight_slices, words)
+
+
+class TransportConsumer:
+    """One consumer's side of a pool: wait for a lease, read it, acknowledge it, all in stream
+    order on the caller's current stream (no host polling).
+
+    Parameters
+    ----------
+    pool : torch.Tensor
+        The pool (``[memory_size]`` uint8 CUDA), shared or the producer's own.
+    rank : int
+        This consumer's ack word, ``0 <= rank < consumer_count``.
+    max_inflight_slices, consumer_count : int
+        The pool's layout.
+    name : str
+        The transport's name, for messages.
+    """
+
+    def __init__(self, pool: torch.Tensor, *, rank: int, max_inflight_slices: int,
+                 consumer_count: int, name: str = "CUDA IPC") -> None:
+        contract.LAYOUT.validate(pool=pool, max_inflight_slices=max_inflight_slices,
+                                 consumer_count=consumer_count, name=name)
+        if not 0 <= rank < consumer_count:
+            raise ValueError(f"{name} consumer rank {rank} is outside [0, {consumer_count})")
+        self.pool = pool
+        self.rank = rank
+        self.max_inflight_slices = max_inflight_slices
+        self.consumer_count = consumer_count
+        self.name = name
+        self.base_address = pool.data_ptr()
+
+    @classmethod
+    def attach(cls, handle: PoolHandle, rank: int) -> "TransportConsumer":
+        """Open the pool of another process through its :meth:`TransportPool.export_handle`."""
+        return cls(handle.rebuild(*handle.args), rank=rank,
+                   max_inflight_slices=handle.max_inflight_slices,
+                   consumer_count=handle.consumer_count, name=handle.name)
+
+    @classmethod
+    def local(cls, pool: TransportPool, rank: int) -> "TransportConsumer":
+        """A consumer in the producer's own process."""
+        return cls(pool.tensor, rank=rank, max_inflight_slices=pool.max_inflight_slices,
+                   consumer_count=pool.consumer_count, name=pool.name)
+
+    def _checked(self, lease: Sequence[int]) -> Lease:
+        # Lease values arrive from another process: checked on the host before they become
+        # device addresses for a wait, a view or a write.
+        if not lease_fits(lease, self.pool.numel(), self.max_inflight_slices,
+                          self.consumer_count):
+            raise ValueError(f"{self.name} lease does not fit this pool: {tuple(lease)}")
+        return Lease(*lease)
+
+    def wait(self, lease: Lease) -> None:
+        """Make the current stream wait until ``lease`` is published."""
+        lease = self._checked(lease)
+        _cuda_stream.wait_value32(torch.cuda.current_stream(self.pool.device),
+                                  self.base_address + lease.ready_byte_offset, lease.generation)
+
+    def view(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+        """The lease's bytes as a ``dtype`` tensor of ``shape`` (no copy; valid until
+        acknowledged)."""
+        lease = self._checked(lease)
+        return self.pool[lease.start:lease.start + lease.nbytes].view(dtype).view(shape)
+
+    def acknowledge(self, lease: Lease) -> None:
+        """Write this consumer's ack once the current stream's prior work (its reads) is done."""
+        lease = self._checked(lease)
+        _cuda_stream.write_value32(
+            torch.cuda.current_stream(self.pool.device),
+            self.base_address + lease.ack_byte_offset + self.rank * WORD_BYTES, lease.generation)
+
+    def receive(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+        """Wait for ``lease``, copy it out, acknowledge it; returns the copy."""
+        self.wait(lease)
+        out = self.view(lease, dtype, shape).clone()
+        self.acknowledge(lease)
+        return out
