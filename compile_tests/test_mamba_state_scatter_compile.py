@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.testing import CompileCounter
 
 from strictops.meta import mamba_state_scatter as contract
 from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
+    aot_forward_graph,
     build,
     dynamo_error_text,
     fake_mode,
@@ -68,35 +68,14 @@ def test_one_graph_no_break_no_recompile_across_sizes(with_src):
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
-class _GraphCaptured(Exception):
-    pass
-
-
 def _aot_forward_graph(args: dict) -> torch.fx.GraphModule:
-    """The forward graph AOTAutograd hands to Inductor for one call of the op.
+    """The forward graph AOTAutograd hands to Inductor for one call of the op."""
 
-    The graph is captured at compile time; running it would need a GPU, so the captured
-    "compiled" function stops the call instead.
-    """
-    graphs = []
+    def call(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
+        OP(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+        return dst
 
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-
-        def stop(*_):
-            raise _GraphCaptured
-
-        return stop
-
-    def call(*a):
-        OP(*a)
-        return a[0]
-
-    compiled = torch.compile(call, backend=aot_autograd(fw_compiler=capture), fullgraph=True,
-                             dynamic=True)
-    with pytest.raises(_GraphCaptured):
-        compiled(*args.values())
-    return graphs[0]
+    return aot_forward_graph(call, args)
 
 
 def _kernel_launches(gm: torch.fx.GraphModule) -> list:

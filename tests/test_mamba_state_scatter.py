@@ -21,11 +21,14 @@ from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
     build,
+    build_symbolic,
     fake_mode,
     gpu,
     mamba_dims,
     mamba_index_values,
     mamba_near_miss,
+    near_miss_message,
+    raised,
 )
 from strictops.ops import fused_mamba_state_scatter_with_mask
 from strictops.ops import mamba_state_scatter as op
@@ -35,18 +38,8 @@ DIMS = contract.Dims(num_layers=3, cache_size=7, spec_size=5, draft_tokens=4,
                      state_shape=(2, 6), total_requests=4)
 
 
-def _raised(fn, **kwargs) -> BaseException:
-    with pytest.raises(Exception) as info:
-        fn(**kwargs)
-    return info.value
-
-
 def _message_on_fake(rule: str, dims: contract.Dims = DIMS) -> str:
-    with fake_mode():
-        args = build(contract.NEAR_MISSES[rule](contract.valid_spec(dims)))
-        err = _raised(fused_mamba_state_scatter_with_mask, **args)
-    assert type(err) is ValueError
-    return str(err)
+    return near_miss_message(fused_mamba_state_scatter_with_mask, contract, rule, dims)
 
 
 class TestMessages(expecttest.TestCase):
@@ -121,27 +114,11 @@ def test_near_miss_eager_and_fake_paths_agree(case):
     with fake_mode():  # concrete sizes: what an eager call computes
         args = build(spec)
         want_type, want_msg = contract.CONTRACT.expected_error(rule, **args)
-        eager = _raised(fused_mamba_state_scatter_with_mask, **args)
+        eager = raised(fused_mamba_state_scatter_with_mask, **args)
     with fake_mode() as mode:  # symbolic sizes: what a dynamic-shape trace computes
-        fake = _raised(fused_mamba_state_scatter_with_mask, **build_symbolic(spec, mode))
+        fake = raised(fused_mamba_state_scatter_with_mask, **build_symbolic(spec, mode))
     assert (type(eager), str(eager)) == (want_type, want_msg)
     assert (type(fake), str(fake)) == (want_type, want_msg)
-
-
-def build_symbolic(spec, mode):
-    """Tensors of ``spec`` whose sizes and strides are symbols of ``mode``'s shape env."""
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
-
-    out = {}
-    for name, s in spec.items():
-        if s is None:
-            out[name] = None
-            continue
-        real = torch.empty_strided(s.shape, s.strides, dtype=s.dtype, device="meta")
-        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * len(s.shape))
-        sym = mode.from_tensor(real, symbolic_context=ctx)  # symbolic sizes, device "meta"
-        out[name] = torch.empty_strided(sym.shape, sym.stride(), dtype=s.dtype, device=s.device)
-    return out
 
 
 def _fill(dims: contract.Dims, values: dict, device: str, gen: torch.Generator) -> dict:
@@ -225,7 +202,7 @@ def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
     args = {k: (v.empty().zero_() if v is not None else None) for k, v in spec.items()}
     dst_before = args["dst"].clone()
     want_type, want_msg = contract.CONTRACT.expected_error(rule, **args)
-    err = _raised(fused_mamba_state_scatter_with_mask, **args)
+    err = raised(fused_mamba_state_scatter_with_mask, **args)
     assert (type(err), str(err)) == (want_type, want_msg)
     assert torch.equal(args["dst"], dst_before)
 
