@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from . import mamba_state_scatter as mss
 from . import sparse_mla_prefill as smp
 from . import transport_pool as tp
-from ._specs import TensorSpec, build
+from ._specs import TensorSpec, build, buildable_here
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TWO_GPUS = HAS_CUDA and torch.cuda.device_count() >= 2
@@ -296,6 +296,22 @@ def near_miss_message(fn, contract_module, rule: str, dims) -> str:
         err = raised(fn, **build(spec))
     assert type(err) is ValueError, err
     return str(err)
+
+
+def assert_rule_fails_at_trace_time(fn, contract_module, rule: str, dims) -> None:
+    """``torch.compile(fn, fullgraph=True, dynamic=True)`` on the fake near miss of ``rule``
+    fails while tracing, and the error carries the rule's message with concrete numbers."""
+    compiled = torch.compile(fn, backend="eager", fullgraph=True, dynamic=True)
+    spec = contract_module.NEAR_MISSES[rule](contract_module.valid_spec(dims))
+    if not buildable_here(spec):
+        pytest.skip("the near miss names a GPU this machine lacks")
+    with fake_mode():
+        args = build(spec)
+        _, message = contract_module.CONTRACT.expected_error(rule, **args)
+        with pytest.raises(Exception) as info:
+            compiled(**args)
+    assert type(info.value).__name__ == "TorchRuntimeError"
+    assert message in dynamo_error_text(info.value)  # with numbers, not symbols like s69
 
 
 class _GraphCaptured(Exception):
