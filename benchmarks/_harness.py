@@ -155,6 +155,25 @@ class Report:
             fig.savefig(out / f"{self.name}.png", dpi=120, bbox_inches="tight")
 
 
+def grouped_bars(plt, report: Report, label_key: str, series: list[tuple[str, str]], title: str,
+                 ylabel: str, log: bool = True):
+    """``(fig, ax)``: one group of bars per row of ``report`` (labelled by ``row[label_key]``),
+    one bar per ``(legend label, row key)`` of ``series``; a missing value draws no bar."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [str(r[label_key]) for r in report.rows]
+    width = 0.8 / len(series)
+    for i, (label, key) in enumerate(series):
+        ax.bar([x + i * width for x in range(len(labels))],
+               [r.get(key) or 0 for r in report.rows], width, label=label)
+    ax.set_xticks([x + (len(series) - 1) * width / 2 for x in range(len(labels))], labels,
+                  fontsize=7)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title} on {report.env['device']}")
+    return fig, ax
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"

@@ -21,7 +21,14 @@ import triton.language as tl
 from strictops.ops import fused_mamba_state_scatter_with_mask
 from strictops.ops import mamba_state_scatter as m
 
-from _harness import Report, copy_bandwidth_bytes_per_us, graph_replay_us, median_us, wall_us
+from _harness import (
+    Report,
+    copy_bandwidth_bytes_per_us,
+    graph_replay_us,
+    grouped_bars,
+    median_us,
+    wall_us,
+)
 
 # (name, num_layers, cache_size, state_shape, dtype, requests, draft_tokens, valid requests)
 SHAPES = [
@@ -175,20 +182,12 @@ def main() -> None:
 
 
 def _plot(plt, report):
-    fig, ax = plt.subplots(figsize=(8, 4))
-    names = [r["shape"] for r in report.rows]
     series = [("floor (bytes / copy bandwidth)", "floor_us"),
               ("contiguous copy_ of the same bytes, graph", "contiguous_copy_graph_us"),
               ("ours, graph", "graph_us"), ("original-style kernel, graph", "original_style_graph_us"),
               ("ours, eager", "eager_us"), ("unfused PyTorch", "unfused_us")]
-    width = 0.13
-    for i, (label, key) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(names))], [r[key] for r in report.rows],
-               width, label=label)
-    ax.set_xticks([x + 2.5 * width for x in range(len(names))], names)
-    ax.set_yscale("log")
-    ax.set_ylabel("µs (median, log scale)")
-    ax.set_title(f"fused_mamba_state_scatter_with_mask on {report.env['device']}")
+    fig, ax = grouped_bars(plt, report, "shape", series, "fused_mamba_state_scatter_with_mask",
+                           "µs (median, log scale)")
     ax.legend(fontsize=7)
     return fig
 

@@ -25,7 +25,7 @@ from strictops.meta import sparse_mla_prefill as contract
 from strictops.ops import sparse_mla_prefill as m
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
-from _harness import Report, fp8_gemm_tflops, median_us
+from _harness import Report, fp8_gemm_tflops, grouped_bars, median_us
 
 # (s_q, s_kv, h_q, d_qk, topk), from the issue.
 SHAPES = [
@@ -142,21 +142,14 @@ def main() -> None:
 
 
 def _plot(plt, report):
-    fig, ax = plt.subplots(figsize=(8, 4))
-    names = [r["shape"] for r in report.rows]
     series = [("ours", "TFLOPS"), ("original CUTLASS (SPEC §2)", "original_TFLOPS"),
               ("plain Triton (SPEC §2)", "spec_triton_TFLOPS")]
-    width = 0.27
-    for i, (label, key) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(names))],
-               [r[key] or 0 for r in report.rows], width, label=label)
+    fig, ax = grouped_bars(plt, report, "shape", series, "sparse_mla_q8kv8_prefill_fwd",
+                           "TFLOPS (median)", log=False)
     ax.axhline(report.ceilings["fp8_gemm_8192_TFLOPS"], color="k", linestyle="--",
                label="FP8 GEMM 8192³, this run")
     ax.axhline(TARGET_TFLOPS, color="r", linestyle=":", label="issue bar")
-    ax.set_xticks([x + width for x in range(len(names))], names, fontsize=7)
     ax.set_xlabel("(s_q, s_kv, h_q, d_qk, topk)")
-    ax.set_ylabel("TFLOPS (median)")
-    ax.set_title(f"sparse_mla_q8kv8_prefill_fwd on {report.env['device']}")
     ax.legend(fontsize=7)
     return fig
 

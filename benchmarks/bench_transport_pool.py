@@ -23,7 +23,14 @@ from strictops.ops import TransportPool
 from strictops.ops import _cuda_stream
 from strictops.ops import transport_pool as m
 
-from _harness import Report, copy_bandwidth_bytes_per_us, graph_replay_us, median_us, wall_us
+from _harness import (
+    Report,
+    copy_bandwidth_bytes_per_us,
+    graph_replay_us,
+    grouped_bars,
+    median_us,
+    wall_us,
+)
 
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20), ("256MiB", 256 << 20)]
 SLOTS, CONSUMERS = 64, 2
@@ -115,19 +122,11 @@ def main() -> None:
 
 
 def _plot(plt, report):
-    fig, ax = plt.subplots(figsize=(8, 4))
-    names = [r["size"] for r in report.rows]
     series = [("floor (bytes / copy bandwidth)", "floor_us"), ("copy_ alone", "copy_us"),
               ("copy_ + cuStreamWriteValue32", "original_us"),
               ("ours, lease tensor", "ours_us"), ("ours, lease arguments", "ours_args_us")]
-    width = 0.16
-    for i, (label, key) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(names))], [r[key] for r in report.rows],
-               width, label=label)
-    ax.set_xticks([x + 2 * width for x in range(len(names))], names)
-    ax.set_yscale("log")
-    ax.set_ylabel("µs (median, log scale)")
-    ax.set_title(f"copy_and_publish on {report.env['device']}")
+    fig, ax = grouped_bars(plt, report, "size", series, "copy_and_publish",
+                           "µs (median, log scale)")
     ax.legend(fontsize=7)
     return fig
 

@@ -18,14 +18,16 @@ from torch._dynamo.testing import CompileCounter
 
 from strictops.meta import mamba_state_scatter as contract
 from strictops.meta.testing import (
-    assert_rule_fails_at_trace_time,
     HAS_CUDA,
     HAS_TWO_GPUS,
-    aot_forward_graph,
+    aot_op_graph,
+    assert_rule_fails_at_trace_time,
     build,
+    capture_cuda_graph,
     dynamo_error_text,
     fake_mode,
     gpu,
+    kernel_launches,
 )
 from strictops.ops import fused_mamba_state_scatter_with_mask
 from strictops.ops import mamba_state_scatter as op
@@ -49,14 +51,6 @@ def _dims(i: int, with_src: bool = False) -> contract.Dims:
                          total_requests=7 + 2 * i, with_src_indices=with_src)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("with_src", [False, True])
 def test_one_graph_no_break_no_recompile_across_sizes(with_src):
     counter = CompileCounter()
@@ -69,24 +63,10 @@ def test_one_graph_no_break_no_recompile_across_sizes(with_src):
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
-def _aot_forward_graph(args: dict) -> torch.fx.GraphModule:
-    """The forward graph AOTAutograd hands to Inductor for one call of the op."""
-
-    def call(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
-        OP(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
-        return dst
-
-    return aot_forward_graph(call, args)
-
-
-def _kernel_launches(gm: torch.fx.GraphModule) -> list:
-    return [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
-
-
 def test_inductor_receives_one_triton_launch_and_no_index_copies():
     with fake_mode():
-        gm = _aot_forward_graph(build(contract.valid_spec(_dims(0, with_src=True))))
-    assert len(_kernel_launches(gm)) == 1, gm.code
+        gm = aot_op_graph(OP, build(contract.valid_spec(_dims(0, with_src=True))))
+    assert len(kernel_launches(gm)) == 1, gm.code
     tensor_ops = [n.target for n in gm.graph.nodes
                   if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                   and n.target not in (torch.ops.aten.sym_stride.int, torch.ops.aten.sym_size.int)]
@@ -184,14 +164,7 @@ def test_gpu_inductor_equals_eager(mode):
 @gpu
 def test_gpu_manual_cuda_graph_replays_new_indices():
     static = _real_inputs(0)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step(**static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(**static)
+    graph, _ = capture_cuda_graph(step, **static)
     for seed in range(1, 6):
         fresh = _real_inputs(seed)
         for name, t in fresh.items():
@@ -205,8 +178,8 @@ def test_gpu_manual_cuda_graph_replays_new_indices():
 def test_gpu_inductor_clones_only_what_the_kernel_writes():
     """Triton's mutation analysis must see that the kernel stores to ``dst`` alone; anything
     else in ``tensors_to_clone`` would make Inductor copy ``src`` on every call."""
-    gm = _aot_forward_graph(_real_inputs(3))
-    (launch,) = _kernel_launches(gm)
+    gm = aot_op_graph(OP, _real_inputs(3))
+    (launch,) = kernel_launches(gm)
     assert launch.kwargs["tensors_to_clone"] in ([], ["dst_ptr"]), gm.code
 
 

@@ -22,14 +22,16 @@ from torch._dynamo.testing import CompileCounter
 from strictops.meta import sparse_mla_prefill as contract
 from strictops.meta._specs import TensorSpec
 from strictops.meta.testing import (
-    assert_rule_fails_at_trace_time,
     CAN_NAME_SECOND_GPU,
     SPARSE_MLA_SECOND_GPU_RULES,
-    aot_forward_graph,
+    aot_op_graph,
+    assert_rule_fails_at_trace_time,
     build,
+    capture_cuda_graph,
     dynamo_error_text,
     fake_mode,
     gpu,
+    kernel_launches,
 )
 from strictops.ops import sparse_mla_prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
@@ -69,14 +71,6 @@ def _flagged(flags: dict, i: int = 0) -> dict:
         s = spec["q"]
         spec["lse"] = TensorSpec(s.shape[:2], torch.float32, s.device)
     return spec
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("flags", list(FLAGS))
@@ -141,17 +135,13 @@ def test_overlapping_buffers_are_refused_at_trace_time(case):
     assert "out, max_logits and lse must not alias each other" in dynamo_error_text(info.value)
 
 
-def _kernel_launches(gm: torch.fx.GraphModule) -> list:
-    return [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
-
-
 @pytest.mark.parametrize("flags, allocations", [("functional", 3), ("every_argument", 0),
                                                 ("partial_buffers", 2)])
 def test_inductor_receives_one_triton_launch_and_only_the_missing_allocations(flags,
                                                                               allocations):
     with fake_mode():
-        gm = aot_forward_graph(lambda **args: OP(**args), build(_flagged(flags)))
-    assert len(_kernel_launches(gm)) == 1, gm.code
+        gm = aot_op_graph(OP, build(_flagged(flags)))
+    assert len(kernel_launches(gm)) == 1, gm.code
     tensor_ops = [n.target for n in gm.graph.nodes
                   if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                   and n.target not in (torch.ops.aten.sym_stride.int, torch.ops.aten.sym_size.int)]
@@ -230,14 +220,7 @@ def test_gpu_inductor_equals_eager_bit_for_bit(mode, flags):
 def test_gpu_manual_cuda_graph_replays_equal_eager():
     flags = FLAGS["every_argument"]
     static = _real_inputs(0, **flags)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step(**static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step(**static)
+    graph, captured = capture_cuda_graph(step, **static)
     for seed in range(1, 4):
         fresh = _real_inputs(seed, **flags)
         for name, t in fresh.items():

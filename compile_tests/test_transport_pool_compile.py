@@ -18,11 +18,13 @@ from torch._dynamo.testing import CompileCounter
 
 from strictops.meta import transport_pool as contract
 from strictops.meta.testing import (
-    aot_forward_graph,
+    aot_op_graph,
     assert_rule_fails_at_trace_time,
     build,
+    capture_cuda_graph,
     fake_mode,
     gpu,
+    kernel_launches,
 )
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops import transport_pool as op
@@ -46,14 +48,6 @@ def _dims(i: int, dtype=torch.float32) -> contract.Dims:
                          src_dtype=dtype)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
-
-
 def test_one_graph_no_break_no_recompile_across_sizes():
     counter = CompileCounter()
     compiled = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
@@ -73,22 +67,10 @@ def test_a_new_source_dtype_is_one_more_graph_not_one_per_size():
     assert counter.frame_count == 2, f"{counter.frame_count} frames"
 
 
-def _aot_forward_graph(args: dict) -> torch.fx.GraphModule:
-    def call(pool, src, lease, state, max_inflight_slices, consumer_count):
-        OP(pool, src, lease, state, max_inflight_slices, consumer_count)
-        return pool
-
-    return aot_forward_graph(call, args)
-
-
-def _launches(gm: torch.fx.GraphModule) -> list:
-    return [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
-
-
 def test_inductor_receives_one_triton_launch_and_no_copy_of_the_source():
     with fake_mode():
-        gm = _aot_forward_graph(build(contract.valid_spec(_dims(1))))
-    assert len(_launches(gm)) == 1, gm.code
+        gm = aot_op_graph(OP, build(contract.valid_spec(_dims(1))))
+    assert len(kernel_launches(gm)) == 1, gm.code
     tensor_ops = {n.target for n in gm.graph.nodes
                   if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
     # Views of the source as bytes (and back), sizes: nothing that copies or casts.
@@ -145,14 +127,8 @@ def test_gpu_one_cuda_graph_publishes_into_a_new_lease_on_every_replay():
     src = torch.zeros(3000, 11, device="cuda")
     lease_t = torch.zeros(contract.LEASE_WORDS, dtype=torch.int64, device="cuda")
     state = op.new_state("cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # compile and load before capture (a refused lease: zeros)
-        pool.publish(src, lease_t, state)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        pool.publish(src, lease_t, state)
+    # The warm-up call before capture publishes a refused lease (zeros): it writes nothing.
+    graph, _ = capture_cuda_graph(pool.publish, src, lease_t, state)
     try:
         for k in range(6):
             nbytes = src.numel() * 4 - 13 * k  # the graph also publishes shorter payloads
@@ -196,7 +172,7 @@ def test_gpu_inductor_clones_only_what_the_kernel_writes():
     """Triton's mutation analysis (it needs the GPU's driver) must find the kernel's stores to
     the pool and atomics on the state alone; anything more in ``tensors_to_clone`` would make
     Inductor copy the source or the lease on every call."""
-    (launch,) = _launches(_aot_forward_graph(_real_inputs(3)))
+    (launch,) = kernel_launches(aot_op_graph(OP, _real_inputs(3)))
     assert set(launch.kwargs["tensors_to_clone"]) <= {"pool_ptr", "state_ptr"}
 
 

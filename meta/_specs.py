@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import ClassVar, Mapping, Optional
 
 import torch
 
@@ -31,6 +31,9 @@ class TensorSpec:
     dtype: torch.dtype
     device: str
     stride: Optional[tuple[int, ...]] = None  # None: contiguous
+    # Whether a dynamic-shape test may rebuild it with symbolic sizes; a spec whose point is
+    # where it lies in its storage (a view, an offset) says False and is always built as is.
+    symbolic: ClassVar[bool] = True
 
     def replace(self, **changes) -> "TensorSpec":
         return dataclasses.replace(self, **changes)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
+from typing import ClassVar
 from types import SimpleNamespace
 
 import torch
@@ -378,6 +379,7 @@ class SharedSpec(TensorSpec):
     one storage overlap, which is how a near miss passes overlapping buffers."""
 
     storage: _Storage = None
+    symbolic: ClassVar[bool] = False  # its point is the storage it shares
 
     def empty(self) -> torch.Tensor:
         nbytes = math.prod(self.shape) * self.dtype.itemsize

@@ -163,15 +163,11 @@ def sparse_mla_near_miss(draw, device: str = "cuda:0"):
 def build_symbolic(spec: dict, mode: FakeTensorMode) -> dict:
     """Like :func:`build`, but every size and stride is a symbol of ``mode``'s shape env: the
     tensors a dynamic-shape trace sees. Entries that are not tensor specs pass unchanged, and
-    a :class:`~strictops.meta.sparse_mla_prefill.SharedSpec` keeps concrete sizes, because
-    its point is the storage it shares."""
+    a spec that is not ``symbolic`` (a view into shared or offset storage) is built as is."""
     out = {}
     for name, s in spec.items():
-        if not isinstance(s, TensorSpec):
-            out[name] = s
-            continue
-        if isinstance(s, smp.SharedSpec):
-            out[name] = s.empty()
+        if not isinstance(s, TensorSpec) or not s.symbolic:
+            out[name] = s.empty() if isinstance(s, TensorSpec) else s
             continue
         real = torch.empty_strided(s.shape, s.strides, dtype=s.dtype, device="meta")
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * len(s.shape))
@@ -314,6 +310,44 @@ def assert_rule_fails_at_trace_time(fn, contract_module, rule: str, dims) -> Non
     assert message in dynamo_error_text(info.value)  # with numbers, not symbols like s69
 
 
+def assert_near_miss_parity(fn, contract_module, rule: str, spec: dict) -> None:
+    """One rule broken at a time: the eager path (concrete sizes) and the fake path (symbolic
+    sizes, as torch.compile/export trace) both raise exactly that rule's error."""
+    with fake_mode():  # concrete sizes: what an eager call computes
+        args = build(spec)
+        want = contract_module.CONTRACT.expected_error(rule, **args)
+        eager = raised(fn, **args)
+    with fake_mode() as mode:  # symbolic sizes: what a dynamic-shape trace computes
+        fake = raised(fn, **build_symbolic(spec, mode))
+    assert (type(eager), str(eager)) == want
+    assert (type(fake), str(fake)) == want
+
+
+def assert_every_rule_pinned(testcase, contract_module) -> None:
+    """Every rule of the contract has a ``test_<rule>`` on ``testcase`` (its pinned message)."""
+    pinned = {name[len("test_"):] for name in dir(testcase) if name.startswith("test_")}
+    testcase.assertEqual(set(contract_module.CONTRACT.rules) - pinned, set())
+
+
+def kernel_launches(gm: torch.fx.GraphModule) -> list:
+    """The Triton launches of a traced graph."""
+    return [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+
+
+def capture_cuda_graph(fn, *args, **kwargs):
+    """``(graph, result)``: ``fn(*args, **kwargs)`` run once on a side stream (compiling and
+    loading its kernels), then captured in a CUDA graph; ``result`` is the captured call's."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(*args, **kwargs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn(*args, **kwargs)
+    return graph, result
+
+
 class _GraphCaptured(Exception):
     pass
 
@@ -343,9 +377,27 @@ def aot_forward_graph(fn, args: dict):
     return graphs[0]
 
 
+def aot_op_graph(op, args: dict) -> torch.fx.GraphModule:
+    """:func:`aot_forward_graph` of one call of ``op`` (an ``OpOverload``) on ``args``, returning
+    its result and the arguments its schema writes."""
+    written = [a.name for a in op._schema.arguments
+               if a.alias_info is not None and a.alias_info.is_write]
+
+    def call(**kwargs):
+        return op(**kwargs), *(kwargs[name] for name in written)
+
+    return aot_forward_graph(call, args)
+
+
 __all__ += [
     "TRANSPORT_SRC_DTYPES",
     "aot_forward_graph",
+    "aot_op_graph",
+    "assert_every_rule_pinned",
+    "assert_near_miss_parity",
+    "assert_rule_fails_at_trace_time",
+    "capture_cuda_graph",
+    "kernel_launches",
     "near_miss_message",
     "raised",
     "transport_dims",

@@ -32,7 +32,7 @@ The op's metadata rules are below (``CHECKS``), in order; ``{name}`` is the tran
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import ClassVar, NamedTuple, Sequence
 
 import torch
 from ._contract import Check, Contract, hint
@@ -271,6 +271,7 @@ class OffsetSpec(TensorSpec):
     :class:`TensorSpec` always starts at 0)."""
 
     offset: int = 0
+    symbolic: ClassVar[bool] = False  # its point is its storage offset
 
     def empty(self) -> torch.Tensor:
         base = torch.empty(self.shape[0] + self.offset, dtype=self.dtype, device=self.device)

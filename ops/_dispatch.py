@@ -33,10 +33,11 @@ def can_skip_dispatcher(*tensors: torch.Tensor | None) -> bool:
     return True
 
 
-def on_device_of(t: torch.Tensor):
+def on_device_of(t: torch.Tensor, real_launch: bool = True):
     """Make ``t``'s CUDA device current for a launch: Triton launches on the current device,
     so a call on ``cuda:1`` tensors from code whose current device is ``cuda:0`` would
-    otherwise launch on the wrong GPU."""
-    if t.get_device() == torch.cuda.current_device():
+    otherwise launch on the wrong GPU. A traced launch (``real_launch=False``: fake tensors,
+    possibly without any GPU) needs no device and gets a no-op."""
+    if not real_launch or t.get_device() == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(t.device)

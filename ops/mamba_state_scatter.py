@@ -154,6 +154,13 @@ def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw
     )
 
 
+def _forward(kernel, real_launch, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
+    """Validate, then launch (on ``dst``'s device when the launch is real)."""
+    contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    with on_device_of(dst, real_launch):
+        _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+
+
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
 def _fused_mamba_state_scatter_with_mask(
     dst: torch.Tensor,
@@ -162,14 +169,11 @@ def _fused_mamba_state_scatter_with_mask(
     step_indices_raw: torch.Tensor,
     src_indices_raw: Optional[torch.Tensor] = None,
 ) -> None:
-    # The body is also the fake: under fake tensors the launch is recorded, not run.
-    contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    # The body is also the fake: under fake tensors the launch is recorded, not run
+    # (wrap_triton returns the kernel itself outside tracing: a real launch).
     kernel = wrap_triton(_scatter_kernel)
-    if kernel is _scatter_kernel:  # a real launch (wrap_triton is off outside tracing)
-        with on_device_of(dst):
-            _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
-    else:
-        _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    _forward(kernel, kernel is _scatter_kernel, dst, src, dst_indices_raw, step_indices_raw,
+             src_indices_raw)
 
 
 def fused_mamba_state_scatter_with_mask(
@@ -207,9 +211,8 @@ def fused_mamba_state_scatter_with_mask(
     ``torch.ops.strictops.fused_mamba_state_scatter_with_mask`` is the same op through it.
     """
     if can_skip_dispatcher(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
-        contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
-        with on_device_of(dst):
-            _launch(_scatter_kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+        _forward(_scatter_kernel, True, dst, src, dst_indices_raw, step_indices_raw,
+                 src_indices_raw)
         torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!) args
         return
     torch.ops.strictops.fused_mamba_state_scatter_with_mask(

@@ -36,7 +36,6 @@ added to it on the device, to read whenever convenient.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Optional
 
@@ -245,7 +244,7 @@ def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d
                       out, max_logits, lse, topk_length_errors)
     check_topk_length_values(topk_length, indices.shape[2], topk_length_errors)
     out, max_logits, lse, fresh = _allocate(q, d_v, out, max_logits, lse)
-    with on_device_of(q) if real_launch else contextlib.nullcontext():
+    with on_device_of(q, real_launch):
         _launch(kernel, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length,
                 out, max_logits, lse, topk_length_errors)
     return fresh

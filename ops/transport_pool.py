@@ -46,7 +46,6 @@ on first use.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -220,7 +219,7 @@ def _validate_and_launch(kernel, pool, src, lease, state, max_inflight_slices, c
     contract.validate(pool, src, lease, state, max_inflight_slices, consumer_count)
     # A real launch goes to the pool's device; a wrapped kernel (tracing) is only recorded.
     real = kernel is _publish_kernel
-    with on_device_of(pool) if real else contextlib.nullcontext():
+    with on_device_of(pool, real):
         _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count)
 
 

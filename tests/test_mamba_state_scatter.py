@@ -20,9 +20,8 @@ from strictops.meta import mamba_state_scatter as contract
 from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
-    build,
-    build_symbolic,
-    fake_mode,
+    assert_every_rule_pinned,
+    assert_near_miss_parity,
     gpu,
     mamba_dims,
     mamba_index_values,
@@ -46,7 +45,7 @@ class TestMessages(expecttest.TestCase):
     """Every rule of SPEC §1 (and the added ones) on fake CUDA tensors, message pinned."""
 
     @unittest.skipIf(HAS_CUDA and not HAS_TWO_GPUS, "a real single-GPU machine has no cuda:1")
-    def test_same_device_cuda0_vs_cuda1(self):
+    def test_same_device(self):  # the seed's scenario: cuda:0 against cuda:1
         self.assertExpectedInline(_message_on_fake("same_device"), """dst and src must be on the same device. dst.device=device(type='cuda', index=0) src.device=device(type='cuda', index=1)""")
 
     def test_cuda(self):
@@ -94,11 +93,8 @@ class TestMessages(expecttest.TestCase):
     def test_src_contiguous(self):
         self.assertExpectedInline(_message_on_fake("src_contiguous"), """src tensor must be contiguous""")
 
-    def test_every_rule_has_a_pinned_message_and_a_near_miss(self):
-        pinned = {name[len("test_"):] for name in dir(self) if name.startswith("test_")}
-        pinned.add("same_device")  # pinned by its seed scenario, cuda:0 against cuda:1
-        self.assertEqual(set(contract.CONTRACT.rules) - pinned, set())
-        self.assertEqual(set(contract.NEAR_MISSES), set(contract.CONTRACT.rules))
+    def test_every_rule_has_a_pinned_message(self):
+        assert_every_rule_pinned(self, contract)  # near misses: tests/test_registry.py
 
     def test_zero_requests_are_still_validated(self):
         dims = contract.Dims(**{**DIMS.__dict__, "total_requests": 0})
@@ -110,15 +106,7 @@ class TestMessages(expecttest.TestCase):
 def test_near_miss_eager_and_fake_paths_agree(case):
     """One rule broken at a time: the eager path (concrete sizes) and the fake path (symbolic
     sizes, as traced by torch.compile/export) both raise exactly that rule's error."""
-    rule, spec = case
-    with fake_mode():  # concrete sizes: what an eager call computes
-        args = build(spec)
-        want_type, want_msg = contract.CONTRACT.expected_error(rule, **args)
-        eager = raised(fused_mamba_state_scatter_with_mask, **args)
-    with fake_mode() as mode:  # symbolic sizes: what a dynamic-shape trace computes
-        fake = raised(fused_mamba_state_scatter_with_mask, **build_symbolic(spec, mode))
-    assert (type(eager), str(eager)) == (want_type, want_msg)
-    assert (type(fake), str(fake)) == (want_type, want_msg)
+    assert_near_miss_parity(fused_mamba_state_scatter_with_mask, contract, *case)
 
 
 def _fill(dims: contract.Dims, values: dict, device: str, gen: torch.Generator) -> dict:

@@ -28,8 +28,9 @@ from strictops.meta import sparse_mla_prefill as contract
 from strictops.meta._specs import TensorSpec
 from strictops.meta.testing import (
     CAN_NAME_SECOND_GPU,
+    assert_every_rule_pinned,
+    assert_near_miss_parity,
     build,
-    build_symbolic,
     fake_mode,
     gpu,
     near_miss_message,
@@ -240,10 +241,8 @@ class TestMessages(expecttest.TestCase):
     def test_topk_length_errors_alias(self):
         self.assertExpectedInline(_message_on_fake("topk_length_errors_alias"), """topk_length_errors must not alias out, max_logits or lse""")
 
-    def test_every_rule_has_a_pinned_message_and_a_near_miss(self):
-        pinned = {name[len("test_"):] for name in dir(self) if name.startswith("test_")}
-        self.assertEqual(set(contract.CONTRACT.rules) - pinned, set())
-        self.assertEqual(set(contract.NEAR_MISSES), set(contract.CONTRACT.rules))
+    def test_every_rule_has_a_pinned_message(self):
+        assert_every_rule_pinned(self, contract)  # near misses: tests/test_registry.py
 
     def test_topk_length_values(self):
         bad = torch.tensor([0, 257, 3], dtype=torch.int32)
@@ -257,15 +256,7 @@ class TestMessages(expecttest.TestCase):
 def test_near_miss_eager_and_fake_paths_agree(case):
     """One rule broken at a time: the eager path (concrete sizes) and the fake path (symbolic
     sizes, as traced by torch.compile/export) both raise exactly that rule's error."""
-    rule, spec = case
-    with fake_mode():  # concrete sizes: what an eager call computes
-        args = build(spec)
-        want_type, want_msg = contract.CONTRACT.expected_error(rule, **args)
-        eager = raised(sparse_mla_q8kv8_prefill_fwd, **args)
-    with fake_mode() as mode:  # symbolic sizes: what a dynamic-shape trace computes
-        fake = raised(sparse_mla_q8kv8_prefill_fwd, **build_symbolic(spec, mode))
-    assert (type(eager), str(eager)) == (want_type, want_msg)
-    assert (type(fake), str(fake)) == (want_type, want_msg)
+    assert_near_miss_parity(sparse_mla_q8kv8_prefill_fwd, contract, *case)
 
 
 @settings(SETTINGS, max_examples=30)

@@ -30,8 +30,9 @@ from strictops.meta import transport_pool as contract
 from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
+    assert_every_rule_pinned,
+    assert_near_miss_parity,
     build,
-    build_symbolic,
     fake_mode,
     gpu,
     near_miss_message,
@@ -106,10 +107,8 @@ class TestMessages(expecttest.TestCase):
     def test_state_contiguous(self):
         self.assertExpectedInline(_message_on_fake("state_contiguous"), """copy_and_publish state must be contiguous""")
 
-    def test_every_rule_has_a_pinned_message_and_a_near_miss(self):
-        pinned = {name[len("test_"):] for name in dir(self) if name.startswith("test_")}
-        self.assertEqual(set(contract.CONTRACT.rules) - pinned, set())
-        self.assertEqual(set(contract.NEAR_MISSES), set(contract.CONTRACT.rules))
+    def test_every_rule_has_a_pinned_message(self):
+        assert_every_rule_pinned(self, contract)  # near misses: tests/test_registry.py
 
     def test_copy_tensor_source_checks_carry_the_pool_name(self):
         """``copy_tensor`` runs the op's source rules under the transport's name (the seed's
@@ -190,18 +189,7 @@ CUDA IPC cannot transport an empty tensor""")
 def test_near_miss_eager_and_fake_paths_agree(case):
     """One rule broken at a time: the eager path (concrete sizes) and the fake path (symbolic
     sizes, as traced by torch.compile/export) both raise exactly that rule's error."""
-    rule, spec = case
-    with fake_mode():
-        args = build(spec)
-        want = contract.CONTRACT.expected_error(rule, **args)
-        eager = raised(copy_and_publish, **args)
-    with fake_mode() as mode:
-        args = build_symbolic(spec, mode)
-        if isinstance(spec["pool"], contract.OffsetSpec):  # its point is its storage offset
-            args["pool"] = spec["pool"].empty()
-        fake = raised(copy_and_publish, **args)
-    assert (type(eager), str(eager)) == want
-    assert (type(fake), str(fake)) == want
+    assert_near_miss_parity(copy_and_publish, contract, *case)
 
 
 @settings(SETTINGS, max_examples=30)
