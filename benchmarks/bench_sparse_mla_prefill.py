@@ -41,7 +41,9 @@ SPEC_TRITON_TFLOPS = {SHAPES[0]: 270, SHAPES[2]: 204}
 # The bar at the first shape.
 TARGET_TFLOPS = 400
 # Kernel variants swept on every run; the op's defaults are m.TUNING.
-TUNING = [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (1, 2, 3)]
+TUNING = [{"num_warps": w, "num_stages": s, "block_n": n}
+          for w, s, n in [(4, 2, 64), (8, 1, 64), (8, 3, 64), (8, 2, 32), (8, 3, 32),
+                          (8, 2, 128)]]
 # Instructions that show which MMA each product compiled to.
 MMA_PATTERNS = {
     "wgmma_fp8": r"wgmma\.mma_async\S*\.e4m3\.e4m3",
@@ -55,7 +57,7 @@ def _name(shape) -> str:
 
 
 def _variant_name(v: dict) -> str:
-    return f"{v['num_warps']}w/{v['num_stages']}s"
+    return f"{v['num_warps']}w/{v['num_stages']}s/{v['block_n']}n"
 
 
 def tflops(shape, us: float) -> float:
@@ -94,6 +96,8 @@ def measure(shape, gen: torch.Generator, gemm: float) -> dict:
     torch.cuda.empty_cache()
 
     ours_us = median_us(lambda: sparse_mla_q8kv8_prefill_fwd(**call))
+    print(f"{_name(shape)}: {ours_us:.0f} us = {tflops(shape, ours_us):.0f} TFLOPS, "
+          f"rel_l2 {rel_l2:.2e}, {kernel_facts(_launch(call, outputs))}", flush=True)
     reference_us = median_us(functools.partial(m.reference, **inputs, dtype=torch.float32),
                              warmup=1, rep=1)
     tuning = {}
@@ -105,6 +109,8 @@ def measure(shape, gen: torch.Generator, gemm: float) -> dict:
             continue
         tuning[_variant_name(variant)] = tflops(
             shape, median_us(functools.partial(_launch, call, outputs, **variant)))
+        print(f"  {_variant_name(variant)}: {tuning[_variant_name(variant)]:.0f} TFLOPS",
+              flush=True)
     ours = tflops(shape, ours_us)
     return dict(
         shape=_name(shape), us=ours_us, TFLOPS=ours, fraction_of_fp8_gemm=ours / gemm,
@@ -118,13 +124,15 @@ def measure(shape, gen: torch.Generator, gemm: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--shapes", type=int, nargs="*", default=range(len(SHAPES)),
+                    help="which of SHAPES to run (indices; default: all)")
     args = ap.parse_args()
 
     gen = torch.Generator(device="cuda").manual_seed(20261130)
     report = Report("sparse_mla_prefill")
     gemm = fp8_gemm_tflops()
     report.ceilings["fp8_gemm_8192_TFLOPS"] = gemm
-    for shape in SHAPES:
+    for shape in (SHAPES[i] for i in args.shapes):
         torch.cuda.empty_cache()
         report.add(**measure(shape, gen, gemm))
 

@@ -178,13 +178,12 @@ def _sparse_mla_prefill_kernel(
 
 # Tuning: the SPEC §2 baseline (8 warps, 64 heads and 64 rows a step). Not yet measured on the
 # H200: benchmarks/bench_sparse_mla_prefill.py sweeps these and reports the best.
-TUNING = {"num_warps": 8, "num_stages": 2}
-BLOCK_N = 64
+TUNING = {"num_warps": 8, "num_stages": 2, "block_n": 64}
 
 
 def _launch(kernel, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length,
             out, max_logits, lse, topk_length_errors, num_warps=TUNING["num_warps"],
-            num_stages=TUNING["num_stages"]):
+            num_stages=TUNING["num_stages"], block_n=TUNING["block_n"]):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs;
     return what the launch returns (for a JIT kernel, the compiled kernel: the benchmark
     reads its registers, spills and instructions)."""
@@ -195,7 +194,7 @@ def _launch(kernel, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk
         sm_scale, kv.shape[0], h_q, indices.shape[2],
         D_QK=d_qk, HAS_TOPK_LENGTH=topk_length is not None,
         HAS_ATTN_SINK=attn_sink is not None, HAS_ERRORS=topk_length_errors is not None,
-        BLOCK_H=contract.HEAD_BLOCK, BLOCK_N=BLOCK_N, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_H=contract.HEAD_BLOCK, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
     )
 
 
