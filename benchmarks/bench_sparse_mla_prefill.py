@@ -40,10 +40,11 @@ ORIGINAL_TFLOPS = {SHAPES[0]: 695, SHAPES[1]: 682, SHAPES[2]: 532, SHAPES[3]: 68
 SPEC_TRITON_TFLOPS = {SHAPES[0]: 270, SHAPES[2]: 204}
 # The bar at the first shape.
 TARGET_TFLOPS = 400
-# Kernel variants swept on every run; the op's defaults are m.TUNING.
+# Kernel variants swept on every run; the op's defaults are m.TUNING. No 1-stage variant:
+# Triton 3.6 miscompiles it for this kernel (compute-sanitizer: out-of-bounds __shared__
+# reads in the rope Q·Kᵀ wgmma; seen on the H200, benchmarks/results/2026-11-30-h200-s2/).
 TUNING = [{"num_warps": w, "num_stages": s, "block_n": n}
-          for w, s, n in [(4, 2, 64), (8, 1, 64), (8, 3, 64), (8, 2, 32), (8, 3, 32),
-                          (8, 2, 128)]]
+          for w, s, n in [(4, 2, 64), (8, 3, 64), (8, 2, 32), (8, 2, 128)]]
 # Instructions that show which MMA each product compiled to.
 MMA_PATTERNS = {
     "wgmma_fp8": r"wgmma\.mma_async\S*\.e4m3\.e4m3",

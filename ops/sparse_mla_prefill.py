@@ -127,7 +127,8 @@ def _sparse_mla_prefill_kernel(
         rope_cols = tl.arange(0, D_ROPE)
         q_rope = tl.load(q_rows + D_V + rope_cols[None, :])
     kv_scale = tl.load(kv_scale_ptr)
-    scale = sm_scale * tl.load(q_scale_ptr) * kv_scale
+    # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
+    scale = (sm_scale * tl.load(q_scale_ptr) * kv_scale).to(tl.float32)
 
     n_rows = topk
     if HAS_TOPK_LENGTH:
@@ -257,14 +258,16 @@ def _sparse_mla_q8kv8_prefill_fwd(
     sm_scale: float,
     q_scale: Optional[torch.Tensor],
     kv_scale: Optional[torch.Tensor],
-    d_v: int = contract.D_V,
-    attn_sink: Optional[torch.Tensor] = None,
-    topk_length: Optional[torch.Tensor] = None,
-    out: Optional[torch.Tensor] = None,
-    max_logits: Optional[torch.Tensor] = None,
-    lse: Optional[torch.Tensor] = None,
-    topk_length_errors: Optional[torch.Tensor] = None,
+    d_v: int,
+    attn_sink: Optional[torch.Tensor],
+    topk_length: Optional[torch.Tensor],
+    out: Optional[torch.Tensor],
+    max_logits: Optional[torch.Tensor],
+    lse: Optional[torch.Tensor],
+    topk_length_errors: Optional[torch.Tensor],
 ) -> list[torch.Tensor]:
+    # No defaults in the schema: torch 2.11 drops trailing arguments equal to their defaults
+    # before its version-counter bump of the mutated ones, which then indexes past the end.
     # The body is also the fake: under fake tensors the launch is recorded, not run.
     kernel = wrap_triton(_sparse_mla_prefill_kernel)
     return _forward(kernel, kernel is _sparse_mla_prefill_kernel, q, kv, indices, sm_scale,

@@ -57,6 +57,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import transport_pool as contract
+from strictops.meta._contract import hint
 from strictops.meta.transport_pool import (
     ARRIVALS,
     DATA_ALIGNMENT,
@@ -128,11 +129,11 @@ def _publish_kernel(
     LEASE_FROM_PTR: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Copy the lease's bytes with a grid-stride loop, then publish its generation.
+    """Copy one ``BLOCK``-byte block of the lease, then publish its generation if last.
 
-    Grid: ``(min(cdiv(src_nbytes, BLOCK), max_programs),)``; each program copies the
-    ``BLOCK``-byte blocks ``pid, pid + grid, ...``; the partial last block goes to the program
-    whose turn it is.
+    Grid: ``(cdiv(src_nbytes, BLOCK),)``: program ``pid`` copies bytes ``[pid * BLOCK, (pid +
+    1) * BLOCK)`` that lie below the lease's ``nbytes``. One block per program and no loop: a
+    grid-stride loop measured 0.77 of the copy floor at 256 MiB on the H200, this 0.9+.
 
     pool_ptr: ``[memory_size]`` uint8, 256-byte aligned.
     src_ptr: ``[src_nbytes]`` uint8 (the source's bytes).
@@ -141,6 +142,11 @@ def _publish_kernel(
     state_ptr: ``[STATE_WORDS]`` int32: arrival counter (0 between launches), error count.
     data_start, slot_bytes, n_slots: the pool's layout (trace-time constants).
     """
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    # The source block's addresses do not depend on the lease: it is loaded first, so that its
+    # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes).
+    data = tl.load(src_ptr + offs, mask=offs < src_nbytes)
     if LEASE_FROM_PTR:
         start = tl.load(lease_ptr + _START)
         end = tl.load(lease_ptr + _END)
@@ -165,24 +171,14 @@ def _publish_kernel(
     fits = fits & (ready == slot * slot_bytes) & (ack == ready + _WORD)
     fits = fits & (generation > 0) & (generation <= _MAX_GENERATION)
 
-    pid = tl.program_id(0).to(tl.int64)
-    programs = tl.num_programs(0).to(tl.int64)
     if fits:
         # start is a multiple of 256 here; saying so in arithmetic (a tl.multiple_of hint is
         # lost on a kernel argument) lets the stores be 16-byte vectors.
         dst_ptr = pool_ptr + (start // _ALIGN) * _ALIGN
-        offs = tl.arange(0, BLOCK)
-        full_blocks = nbytes // BLOCK
-        for block in range(pid, full_blocks, programs):
-            o = block * BLOCK + offs
-            tl.store(dst_ptr + o, tl.load(src_ptr + o))
-        tail = nbytes - full_blocks * BLOCK
-        if (tail > 0) & (pid == full_blocks % programs):
-            o = full_blocks * BLOCK + offs
-            tl.store(dst_ptr + o, tl.load(src_ptr + o, mask=offs < tail), mask=offs < tail)
+        tl.store(dst_ptr + offs, data, mask=offs < nbytes)
         tl.debug_barrier()
         arrived = tl.atomic_add(state_ptr + _ARRIVALS, 1, sem="acq_rel", scope="gpu")
-        if arrived == programs - 1:
+        if arrived == tl.num_programs(0) - 1:
             tl.atomic_xchg(state_ptr + _ARRIVALS, 0, sem="relaxed", scope="gpu")
             ready_ptr = (pool_ptr + ready).to(tl.pointer_type(tl.int32))
             tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="sys")
@@ -191,27 +187,37 @@ def _publish_kernel(
             tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
 
 
-# Bytes one program copies per loop step, warps per program, and the most programs a launch
-# uses (beyond that, programs loop): defaults, to be set from the tuning sweep in
-# benchmarks/bench_transport_pool.py on the H200.
-TUNING = {"block_bytes": 8192, "num_warps": 4, "max_programs": 1024}
+# Warps per program, and bytes per program by source size: ``(up_to_bytes, block_bytes)``,
+# the first row whose bound holds. Small blocks copy fastest, but every program adds one
+# atomic on the arrival counter, and past ~32k programs those queue (H200 sweep in
+# benchmarks/bench_transport_pool.py). The block is a speed choice only: under tracing it
+# is taken from the size's hint without a guard, so no size recompiles.
+TUNING = {"num_warps": 4, "block_bytes": ((16 << 20, 4096), (None, 16384))}
+
+
+def block_bytes_for(src_nbytes) -> int:
+    """The ``BLOCK`` of a source of ``src_nbytes`` bytes (an int or a SymInt)."""
+    size = hint(src_nbytes)
+    return next(block for bound, block in TUNING["block_bytes"]
+                if bound is None or size <= bound)
 
 
 def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
-            values: Optional[Sequence[int]] = None, block_bytes=TUNING["block_bytes"],
-            num_warps=TUNING["num_warps"], max_programs=TUNING["max_programs"]):
+            values: Optional[Sequence[int]] = None, block_bytes=None,
+            num_warps=TUNING["num_warps"]):
     """Launch ``kernel`` (JIT, wrapped or interpreted) on validated inputs; ``values``: the
     lease's fields on the host (``lease`` is then not read)."""
     src_bytes = src.view(-1).view(torch.uint8)  # a view: the kernel reads any dtype as bytes
     src_nbytes = src_bytes.shape[0]
-    grid = (torch.sym_min(triton.cdiv(src_nbytes, block_bytes), max_programs),)
+    block = block_bytes or block_bytes_for(src_nbytes)
+    grid = ((src_nbytes + block - 1) // block,)
     lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
     kernel[grid](
         pool, src_bytes, lease, state,
         pool.shape[0], src_nbytes, contract.data_start(max_inflight_slices, consumer_count),
         contract.slot_bytes(consumer_count), max_inflight_slices,
         *lease_args,
-        LEASE_FROM_PTR=values is None, BLOCK=block_bytes, num_warps=num_warps,
+        LEASE_FROM_PTR=values is None, BLOCK=block, num_warps=num_warps,
     )
 
 
@@ -383,7 +389,7 @@ def selfcheck_result(on_gpu: bool) -> tuple[bool, str]:
         copy_and_publish(**args)
         where = "GPU cuda:0"
     else:
-        launch_interpreted(**args, reverse_programs=True, block_bytes=64, max_programs=4)
+        launch_interpreted(**args, reverse_programs=True, block_bytes=64)
         where = "Triton interpreter"
     detail = f"{where}, pool {before.numel()} B, lease {args['lease'].tolist()}"
     if torch.equal(pool, before):

@@ -515,9 +515,9 @@ def test_gpu_functional_buffer_and_dispatcher_calls_agree_bit_for_bit():
     buffers = {"out": torch.empty_like(fresh[0]), "max_logits": torch.empty_like(fresh[1]),
                "lse": torch.empty_like(fresh[2])}
     versions = [b._version for b in buffers.values()]
-    given_buffers = sparse_mla_q8kv8_prefill_fwd(**args, **buffers)
+    given_buffers = sparse_mla_q8kv8_prefill_fwd(**{**args, **buffers})
     via_ops = torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(**args)
-    partial = sparse_mla_q8kv8_prefill_fwd(**args, lse=torch.empty_like(fresh[2]))
+    partial = sparse_mla_q8kv8_prefill_fwd(**{**args, "lse": torch.empty_like(fresh[2])})
     for got in (given_buffers, via_ops, partial):
         assert all(torch.equal(a, b) for a, b in zip(fresh, got))
     assert all(b._version > v for b, v in zip(buffers.values(), versions))
@@ -549,18 +549,18 @@ def test_gpu_topk_length_values_eager_counter_and_capture():
     with pytest.raises(ValueError, match=r"0 <= topk_length <= topk \(128\)"):
         sparse_mla_q8kv8_prefill_fwd(**args)
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    expected = sparse_mla_q8kv8_prefill_fwd(**args, topk_length_errors=counter)
+    expected = sparse_mla_q8kv8_prefill_fwd(**{**args, "topk_length_errors": counter})
     assert counter.item() == 2
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # compile both variants before capture
-        sparse_mla_q8kv8_prefill_fwd(**args, topk_length_errors=counter)
+        sparse_mla_q8kv8_prefill_fwd(**{**args, "topk_length_errors": counter})
         sparse_mla_q8kv8_prefill_fwd(**{**args, "topk_length": args["topk_length"].clamp(0, 128)})
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = sparse_mla_q8kv8_prefill_fwd(**args)
-        sparse_mla_q8kv8_prefill_fwd(**args, topk_length_errors=counter)
+        sparse_mla_q8kv8_prefill_fwd(**{**args, "topk_length_errors": counter})
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

@@ -327,8 +327,7 @@ def test_interpreted_kernel_equals_reference_for_any_lease(data):
     lease = data.draw(transport_lease(dims))
     as_tensor = data.draw(st.booleans())
     args["lease"] = torch.tensor(lease, dtype=torch.int64) if as_tensor else lease
-    tuning = {"block_bytes": data.draw(st.sampled_from([16, 64, 256])),
-              "max_programs": data.draw(st.integers(1, 5))}
+    tuning = {"block_bytes": data.draw(st.sampled_from([16, 64, 256]))}
     reverse = data.draw(st.booleans())
     pool, state = op.reference(**args)
     src_before = args["src"].reshape(-1).view(torch.uint8).clone()  # bytes: NaN != NaN
@@ -348,7 +347,7 @@ def test_interpreted_publish_writes_the_range_and_then_the_flag_of_its_slot():
     before = args["pool"].clone()
     lease = contract.Lease(512, 1024, 397, 2, 77, 24, 28)
     args["lease"] = torch.tensor(lease)
-    op.launch_interpreted(**args, block_bytes=64, max_programs=3)
+    op.launch_interpreted(**args, block_bytes=64)
     pool = args["pool"]
     assert torch.equal(pool[512:909], args["src"].view(torch.uint8)[:397])
     assert pool[24:28].view(torch.int32).item() == 77
@@ -356,7 +355,7 @@ def test_interpreted_publish_writes_the_range_and_then_the_flag_of_its_slot():
     assert changed.min() >= 24 and not ((changed >= 28) & (changed < 512)).any()
     assert changed.max() < 909
     args["lease"] = torch.tensor(lease._replace(generation=78))
-    op.launch_interpreted(**args, block_bytes=64, max_programs=3)
+    op.launch_interpreted(**args, block_bytes=64)
     assert pool[24:28].view(torch.int32).item() == 78
     assert args["state"].tolist() == [0, 0]
 
@@ -386,10 +385,9 @@ def test_interpreted_flag_is_written_only_after_every_byte(monkeypatch, reverse_
         set_grid_idx(x, y, z)
 
     monkeypatch.setattr(interpreter_builder, "set_grid_idx", recording_set_grid_idx)
-    op.launch_interpreted(**args, reverse_programs=reverse_programs, block_bytes=64,
-                          max_programs=4)
+    op.launch_interpreted(**args, reverse_programs=reverse_programs, block_bytes=64)
     snapshot()
-    assert len(seen) == 5 and seen[-1] == (5, True)
+    assert len(seen) == 8 and seen[-1] == (5, True)  # 7 programs: cdiv(400, 64)
     assert all(complete for flag, complete in seen if flag == 5), seen
     assert seen[-2] == (0, False)  # the last program still had bytes to copy
 
@@ -425,7 +423,7 @@ def test_interpreted_refused_lease_touches_nothing_and_is_counted(change):
     assert not contract.lease_fits(lease._replace(**change), 2048, 3, 2, 400)
     args["lease"] = torch.tensor(lease._replace(**change))
     for count in (1, 2):
-        op.launch_interpreted(**args, block_bytes=64, max_programs=3)
+        op.launch_interpreted(**args, block_bytes=64)
         assert torch.equal(args["pool"], before)
         assert args["state"].tolist() == [0, count]
 
