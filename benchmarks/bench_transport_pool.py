@@ -34,15 +34,16 @@ from _harness import (
 
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20), ("256MiB", 256 << 20)]
 SLOTS, CONSUMERS = 64, 2
-# Kernel variants swept on every run (bytes per program, warps), reported as floor / graph-
-# replay time; the op picks its block by size from m.TUNING.
-TUNING = [{"block_bytes": b, "num_warps": w}
+# Kernel variants swept on every run (bytes per program, warps, one or two launches),
+# reported as floor / graph-replay time; the op picks them by size from m.TUNING.
+TUNING = [{"block_bytes": b, "num_warps": w, "two_launches": two}
           for b, w in [(2048, 2), (4096, 2), (4096, 4), (8192, 4), (8192, 8), (16384, 4),
-                       (16384, 8), (32768, 8)]]
+                       (16384, 8)]
+          for two in (False, True)]
 
 
 def _variant_name(v: dict) -> str:
-    return f"{v['block_bytes']}B/{v['num_warps']}w"
+    return f"{v['block_bytes']}B/{v['num_warps']}w/{2 if v['two_launches'] else 1}L"
 
 
 def main() -> None:

@@ -232,6 +232,11 @@ def test_gpu_manual_cuda_graph_replays_equal_eager():
 
 @gpu
 @pytest.mark.parametrize("flags", list(FLAGS))
-def test_gpu_opcheck_all_utils(flags):
+def test_gpu_opcheck(flags):
+    """Every opcheck util but ``test_schema``, whose mutation check compares inputs with
+    arithmetic that has no Float8_e4m3fn kernel ("mul_cuda" not implemented, torch 2.11).
+    The schema's mutations are checked by the version-counter and buffer tests instead."""
     args = _real_inputs(7, **FLAGS[flags])
-    torch.library.opcheck(OP, tuple(args.values()))
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+             "test_aot_dispatch_dynamic")
+    torch.library.opcheck(OP, tuple(args.values()), test_utils=utils)

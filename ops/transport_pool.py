@@ -105,6 +105,9 @@ _ERRORS = tl.constexpr(ERRORS)
 _ALIGN = tl.constexpr(DATA_ALIGNMENT)
 _WORD = tl.constexpr(WORD_BYTES)
 _MAX_GENERATION = tl.constexpr(MAX_GENERATION)
+# The kernel's phases (see _publish_kernel).
+PHASE_BOTH, PHASE_COPY, PHASE_FLAG = 0, 1, 2
+_BOTH, _COPY, _FLAG = tl.constexpr(PHASE_BOTH), tl.constexpr(PHASE_COPY), tl.constexpr(PHASE_FLAG)
 
 
 @triton.jit(do_not_specialize=["start_arg", "end_arg", "nbytes_arg", "slot_arg",
@@ -128,8 +131,13 @@ def _publish_kernel(
     ack_arg,
     LEASE_FROM_PTR: tl.constexpr,
     BLOCK: tl.constexpr,
+    PHASE: tl.constexpr,
 ):
     """Copy one ``BLOCK``-byte block of the lease, then publish its generation if last.
+
+    ``PHASE``: ``_BOTH`` copies and publishes in one launch (the last program to arrive writes
+    the flag); ``_COPY`` only copies and ``_FLAG`` (grid ``(1,)``) only writes the flag, for
+    the two-launch publish, whose stream order puts the flag after every byte.
 
     Grid: ``(cdiv(src_nbytes, BLOCK),)``: program ``pid`` copies bytes ``[pid * BLOCK, (pid +
     1) * BLOCK)`` that lie below the lease's ``nbytes``. One block per program and no loop: a
@@ -144,9 +152,17 @@ def _publish_kernel(
     """
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
+    block_end = (pid + 1) * BLOCK
+    data = tl.zeros([BLOCK], tl.uint8)
     # The source block's addresses do not depend on the lease: it is loaded first, so that its
-    # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes).
-    data = tl.load(src_ptr + offs, mask=offs < src_nbytes)
+    # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes). Whole
+    # blocks go unmasked: a mask against a runtime bound splits the 16-byte vectors into
+    # single bytes (10x slower, measured).
+    if PHASE != _FLAG:
+        if block_end <= src_nbytes:
+            data = tl.load(src_ptr + offs)
+        else:
+            data = tl.load(src_ptr + offs, mask=offs < src_nbytes, other=0)
     if LEASE_FROM_PTR:
         start = tl.load(lease_ptr + _START)
         end = tl.load(lease_ptr + _END)
@@ -171,28 +187,38 @@ def _publish_kernel(
     fits = fits & (ready == slot * slot_bytes) & (ack == ready + _WORD)
     fits = fits & (generation > 0) & (generation <= _MAX_GENERATION)
 
+    ready_ptr = (pool_ptr + ready).to(tl.pointer_type(tl.int32))
     if fits:
-        # start is a multiple of 256 here; saying so in arithmetic (a tl.multiple_of hint is
-        # lost on a kernel argument) lets the stores be 16-byte vectors.
-        dst_ptr = pool_ptr + (start // _ALIGN) * _ALIGN
-        tl.store(dst_ptr + offs, data, mask=offs < nbytes)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(state_ptr + _ARRIVALS, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(0) - 1:
-            tl.atomic_xchg(state_ptr + _ARRIVALS, 0, sem="relaxed", scope="gpu")
-            ready_ptr = (pool_ptr + ready).to(tl.pointer_type(tl.int32))
+        if PHASE != _FLAG:
+            # start is a multiple of 256 here; saying so in arithmetic (a tl.multiple_of hint
+            # is lost on a kernel argument) lets the stores be 16-byte vectors.
+            dst_ptr = pool_ptr + (start // _ALIGN) * _ALIGN
+            if block_end <= nbytes:
+                tl.store(dst_ptr + offs, data)
+            else:
+                tl.store(dst_ptr + offs, data, mask=offs < nbytes)
+        if PHASE == _BOTH:
+            tl.debug_barrier()
+            arrived = tl.atomic_add(state_ptr + _ARRIVALS, 1, sem="acq_rel", scope="gpu")
+            if arrived == tl.num_programs(0) - 1:
+                tl.atomic_xchg(state_ptr + _ARRIVALS, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="sys")
+        if PHASE == _FLAG:
             tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="sys")
     else:
-        if pid == 0:
+        if (pid == 0) & (PHASE != _FLAG):
             tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
 
 
-# Warps per program, and bytes per program by source size: ``(up_to_bytes, block_bytes)``,
-# the first row whose bound holds. Small blocks copy fastest, but every program adds one
-# atomic on the arrival counter, and past ~32k programs those queue (H200 sweep in
-# benchmarks/bench_transport_pool.py). The block is a speed choice only: under tracing it
-# is taken from the size's hint without a guard, so no size recompiles.
-TUNING = {"num_warps": 4, "block_bytes": ((16 << 20, 4096), (None, 16384))}
+# Warps per program; bytes per program by source size, ``(up_to_bytes, block_bytes)``, the
+# first row whose bound holds; and the size above which the publish takes two launches (a
+# copy, then a one-program flag write) instead of one. Small blocks copy fastest, but in one
+# launch every program adds one atomic on the arrival counter, and past ~32k programs those
+# queue; a second launch costs ~1.5 us, nothing at 256 MiB. (H200 sweeps: see
+# benchmarks/bench_transport_pool.py.) Speed choices only: under tracing they are taken from
+# the size's hint without a guard, so no size recompiles.
+TUNING = {"num_warps": 4, "block_bytes": ((16 << 20, 4096), (None, 4096)),
+          "two_launches_above": 16 << 20}
 
 
 def block_bytes_for(src_nbytes) -> int:
@@ -204,21 +230,25 @@ def block_bytes_for(src_nbytes) -> int:
 
 def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
             values: Optional[Sequence[int]] = None, block_bytes=None,
-            num_warps=TUNING["num_warps"]):
+            num_warps=TUNING["num_warps"], two_launches=None):
     """Launch ``kernel`` (JIT, wrapped or interpreted) on validated inputs; ``values``: the
     lease's fields on the host (``lease`` is then not read)."""
     src_bytes = src.view(-1).view(torch.uint8)  # a view: the kernel reads any dtype as bytes
     src_nbytes = src_bytes.shape[0]
     block = block_bytes or block_bytes_for(src_nbytes)
-    grid = ((src_nbytes + block - 1) // block,)
+    if two_launches is None:
+        two_launches = hint(src_nbytes) > TUNING["two_launches_above"]
     lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
-    kernel[grid](
-        pool, src_bytes, lease, state,
-        pool.shape[0], src_nbytes, contract.data_start(max_inflight_slices, consumer_count),
-        contract.slot_bytes(consumer_count), max_inflight_slices,
-        *lease_args,
-        LEASE_FROM_PTR=values is None, BLOCK=block, num_warps=num_warps,
-    )
+    args = (pool, src_bytes, lease, state, pool.shape[0], src_nbytes,
+            contract.data_start(max_inflight_slices, consumer_count),
+            contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args)
+    grid = ((src_nbytes + block - 1) // block,)
+    phase = PHASE_COPY if two_launches else PHASE_BOTH
+    kernel[grid](*args, LEASE_FROM_PTR=values is None, BLOCK=block, PHASE=phase,
+                 num_warps=num_warps)
+    if two_launches:
+        kernel[(1,)](*args, LEASE_FROM_PTR=values is None, BLOCK=block, PHASE=PHASE_FLAG,
+                     num_warps=1)
 
 
 def _validate_and_launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count):

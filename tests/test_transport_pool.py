@@ -327,7 +327,8 @@ def test_interpreted_kernel_equals_reference_for_any_lease(data):
     lease = data.draw(transport_lease(dims))
     as_tensor = data.draw(st.booleans())
     args["lease"] = torch.tensor(lease, dtype=torch.int64) if as_tensor else lease
-    tuning = {"block_bytes": data.draw(st.sampled_from([16, 64, 256]))}
+    tuning = {"block_bytes": data.draw(st.sampled_from([16, 64, 256])),
+              "two_launches": data.draw(st.booleans())}
     reverse = data.draw(st.booleans())
     pool, state = op.reference(**args)
     src_before = args["src"].reshape(-1).view(torch.uint8).clone()  # bytes: NaN != NaN
@@ -360,8 +361,10 @@ def test_interpreted_publish_writes_the_range_and_then_the_flag_of_its_slot():
     assert args["state"].tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("two_launches", [False, True])
 @pytest.mark.parametrize("reverse_programs", [False, True])
-def test_interpreted_flag_is_written_only_after_every_byte(monkeypatch, reverse_programs):
+def test_interpreted_flag_is_written_only_after_every_byte(monkeypatch, reverse_programs,
+                                                           two_launches):
     """The interpreter runs programs one at a time; at the start of each, and at the end, the
     ready word may hold the generation only if every byte of the lease is already there."""
     from triton.runtime.interpreter import interpreter_builder
@@ -385,11 +388,15 @@ def test_interpreted_flag_is_written_only_after_every_byte(monkeypatch, reverse_
         set_grid_idx(x, y, z)
 
     monkeypatch.setattr(interpreter_builder, "set_grid_idx", recording_set_grid_idx)
-    op.launch_interpreted(**args, reverse_programs=reverse_programs, block_bytes=64)
+    op.launch_interpreted(**args, reverse_programs=reverse_programs, block_bytes=64,
+                          two_launches=two_launches)
     snapshot()
-    assert len(seen) == 8 and seen[-1] == (5, True)  # 7 programs: cdiv(400, 64)
+    # 7 copying programs (cdiv(400, 64)), and the flag's own with two launches
+    assert len(seen) == 8 + two_launches and seen[-1] == (5, True)
     assert all(complete for flag, complete in seen if flag == 5), seen
-    assert seen[-2] == (0, False)  # the last program still had bytes to copy
+    assert seen[-2 - two_launches] == (0, False)  # the last copying program had bytes to copy
+    if two_launches:
+        assert seen[-2] == (0, True)  # every byte in place, the flag not yet
 
 
 # Each breaks one term of lease_fits for Lease(512, 1024, 397, 2, 77, 24, 28) in a 2048-byte
