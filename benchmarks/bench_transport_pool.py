@@ -37,9 +37,9 @@ SLOTS, CONSUMERS = 64, 2
 # Kernel variants swept on every run (bytes per program, warps, one or two launches),
 # reported as floor / graph-replay time; the op picks them by size from m.TUNING.
 TUNING = [{"block_bytes": b, "num_warps": w, "two_launches": two}
-          for b, w in [(2048, 2), (4096, 2), (4096, 4), (8192, 4), (8192, 8), (16384, 4),
-                       (16384, 8)]
-          for two in (False, True)]
+          for b, w, two in [(2048, 2, False), (4096, 4, False), (4096, 4, True), (8192, 4, True),
+                            (16384, 4, False), (16384, 4, True), (32768, 4, True),
+                            (32768, 8, True)]]
 
 
 def _variant_name(v: dict) -> str:

@@ -8,6 +8,8 @@ so the tests exercise exactly the input space the contract declares.
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 import torch
@@ -33,6 +35,13 @@ def gpu(fn):
     return pytest.mark.gpu(pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")(fn))
 
 
+def multi_gpu(fn):
+    """Mark a test as needing two CUDA GPUs (``-m multi_gpu`` selects it; skipped with fewer).
+    It is a GPU test too, so ``-m gpu`` selects it as well."""
+    two = pytest.mark.skipif(not HAS_TWO_GPUS, reason="needs two CUDA GPUs")
+    return pytest.mark.gpu(pytest.mark.multi_gpu(two(fn)))
+
+
 @contextlib.contextmanager
 def fake_mode():
     """Fake tensors with a shape environment: ``torch.empty(..., device="cuda:1")`` works
@@ -41,13 +50,16 @@ def fake_mode():
         yield mode
 
 
+def error_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from (a tracing error wraps the op's own error)."""
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 def dynamo_error_text(exc: BaseException) -> str:
     """The text of a tracing error, including the chained original error."""
-    parts = []
-    while exc is not None:
-        parts.append(f"{type(exc).__name__}: {exc}")
-        exc = exc.__cause__ or exc.__context__
-    return "\n".join(parts)
+    return "\n".join(f"{type(e).__name__}: {e}" for e in error_chain(exc))
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,11 +125,13 @@ __all__ = [
     "HAS_TWO_GPUS",
     "build",
     "dynamo_error_text",
+    "error_chain",
     "fake_mode",
     "gpu",
     "mamba_dims",
     "mamba_index_values",
     "mamba_near_miss",
+    "multi_gpu",
 ]
 
 
@@ -284,6 +298,14 @@ def raised(fn, **kwargs) -> BaseException:
     return info.value
 
 
+def first_broken_rule(contract, args: dict) -> str | None:
+    """The rule ``contract`` (a :class:`~strictops.meta.Contract`) reports for a call with
+    ``args``: the first whose predicate fails, or None. Predicates read metadata only (never
+    values), so ``args`` may be real or fake tensors; with concrete sizes each is a plain bool."""
+    namespace = SimpleNamespace(**args)
+    return next((c.rule for c in contract.checks if not c.ok(namespace)), None)
+
+
 def near_miss_message(fn, contract_module, rule: str, dims) -> str:
     """The text of the ``ValueError`` that ``fn`` raises on fake tensors for the near miss of
     ``rule`` (``contract_module``: an op's ``strictops.meta`` module; ``dims``: its ``Dims``)."""
@@ -397,6 +419,7 @@ __all__ += [
     "assert_near_miss_parity",
     "assert_rule_fails_at_trace_time",
     "capture_cuda_graph",
+    "first_broken_rule",
     "kernel_launches",
     "near_miss_message",
     "raised",

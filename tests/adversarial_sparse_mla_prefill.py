@@ -2,44 +2,72 @@
 
     compute-sanitizer --tool memcheck python3 tests/adversarial_sparse_mla_prefill.py
 
-Index values: -1, ``s_kv`` and just past it, INT32_MAX / INT32_MIN, every index of a token
-invalid, duplicates; ``topk_length`` values below 0, above ``topk`` and at INT32 extremes
-(counted on the device, no host sync); both head dims, one and two head blocks, with and
-without ``attn_sink``. ``kv`` and the index tensors are exact-size allocations, so a read past
-either end is an out-of-bounds access the sanitizer reports. Every call must match the float64
-reference within the GPU tolerance and count exactly the out-of-range lengths.
+Every variant of the kernel: both head dims (512, 576), one and two head blocks (h_q 64, 128),
+and each optional-argument combination: none, ``topk_length``, ``topk_length`` with
+``attn_sink``; each with the device-side error counter and without it. Index values: -1,
+``s_kv`` and just past it, INT32_MAX / INT32_MIN, every index of a token invalid, duplicates.
+``topk_length`` values below 0, above ``topk`` and at the INT32 extremes: with a counter in an
+eager call (counted on the device, no host sync), without one inside a captured CUDA graph
+(where the op skips its eager value check: clamped, not counted). ``kv`` and the index tensors
+are exact-size allocations, so a read past either end is an out-of-bounds access the sanitizer
+reports. Every call must match the float64 reference within the GPU tolerance and count
+exactly the out-of-range lengths.
 """
 
 import torch
 
 from strictops.meta import sparse_mla_prefill as contract
+from strictops.meta.testing import capture_cuda_graph
 from strictops.ops import sparse_mla_prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
+
+I32_MAX, I32_MIN = 2**31 - 1, -(2**31)
+# (with_topk_length, with_attn_sink): the argument combinations the contract allows.
+VARIANTS = {"plain": (False, False), "topk_length": (True, False), "attn_sink": (True, True)}
+
+
+def _inputs(gen, d_qk: int, h_q: int, topk: int, variant: str, counter: bool) -> dict:
+    with_topk_length, with_attn_sink = VARIANTS[variant]
+    dims = contract.Dims(s_q=12, s_kv=97, h_q=h_q, d_qk=d_qk, topk=topk,
+                         with_topk_length=with_topk_length, with_attn_sink=with_attn_sink,
+                         with_buffers=True, with_errors=counter, device="cuda")
+    args = op.random_inputs(dims, gen, invalid_fraction=1 / 2)
+    edges = torch.tensor([-1, dims.s_kv, dims.s_kv + 1, I32_MAX, I32_MIN, 0, dims.s_kv - 1,
+                          dims.s_kv - 1], dtype=torch.int32)
+    args["indices"][5, 0, :len(edges)] = edges.cuda()
+    return args
+
+
+def _check(args: dict, outputs, what) -> None:
+    expected = op.reference(**{k: args[k] for k in op.INPUTS})
+    passed, detail = op.compare_to_reference(outputs, expected, op.GPU_REL_L2_BOUND,
+                                             op.GPU_LOGIT_TOL)
+    assert passed, (what, detail)
 
 
 def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    i32_max, i32_min = 2**31 - 1, -(2**31)
     cases = 0
     for d_qk in contract.D_QKS:
         for h_q, topk in ((64, 128), (128, 256)):
-            for with_attn_sink in (False, True):
-                dims = contract.Dims(s_q=12, s_kv=97, h_q=h_q, d_qk=d_qk, topk=topk,
-                                     with_topk_length=True, with_attn_sink=with_attn_sink,
-                                     with_errors=True, device="cuda")
-                args = op.random_inputs(dims, gen, invalid_fraction=1 / 2)
-                bad_lengths = [-1, topk + 1, i32_max, i32_min]
-                args["topk_length"][-len(bad_lengths):] = torch.tensor(bad_lengths)
-                edges = torch.tensor([-1, dims.s_kv, dims.s_kv + 1, i32_max, i32_min, 0,
-                                      dims.s_kv - 1, dims.s_kv - 1], dtype=torch.int32)
-                args["indices"][5, 0, :len(edges)] = edges.cuda()
-                expected = op.reference(**{k: args[k] for k in op.INPUTS})
-                outputs = sparse_mla_q8kv8_prefill_fwd(**args)
-                passed, detail = op.compare_to_reference(outputs, expected,
-                                                         op.GPU_REL_L2_BOUND, op.GPU_LOGIT_TOL)
-                assert passed, (d_qk, h_q, with_attn_sink, detail)
-                assert args["topk_length_errors"].item() == len(bad_lengths)
-                cases += 1
+            bad_lengths = [-1, topk + 1, I32_MAX, I32_MIN]
+            for variant, (with_topk_length, _) in VARIANTS.items():
+                for counter in (True, False):
+                    what = (d_qk, h_q, variant, "counter" if counter else "no counter")
+                    args = _inputs(gen, d_qk, h_q, topk, variant, counter)
+                    if not with_topk_length:  # a counter without lengths counts nothing
+                        _check(args, sparse_mla_q8kv8_prefill_fwd(**args), what)
+                        assert not counter or args["topk_length_errors"].item() == 0, what
+                    elif counter:  # eager: counted on the device
+                        args["topk_length"][-len(bad_lengths):] = torch.tensor(bad_lengths)
+                        _check(args, sparse_mla_q8kv8_prefill_fwd(**args), what)
+                        assert args["topk_length_errors"].item() == len(bad_lengths), what
+                    else:  # captured: no eager check, the kernel clamps
+                        graph, outputs = capture_cuda_graph(sparse_mla_q8kv8_prefill_fwd, **args)
+                        args["topk_length"][-len(bad_lengths):] = torch.tensor(bad_lengths)
+                        graph.replay()
+                        _check(args, outputs, what)
+                    cases += 1
     torch.cuda.synchronize()
     print(f"adversarial_sparse_mla_prefill: {cases} calls, all within tolerance of the reference")
 

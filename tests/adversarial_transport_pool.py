@@ -1,26 +1,47 @@
-"""Drive copy_and_publish with lease values that do not fit, for compute-sanitizer (run by
-.ci/gpu for every ``tests/adversarial_*.py``).
+"""Drive copy_and_publish and the pool runtime with leases that do not fit, sources of awkward
+sizes and a pool that fills up, for compute-sanitizer (run by .ci/gpu for every
+``tests/adversarial_*.py``).
 
     compute-sanitizer --tool memcheck python3 tests/adversarial_transport_pool.py
 
-Every field of a fitting lease is replaced in turn by values past its bounds and by int64
-extremes, read from a lease tensor and passed as kernel arguments; each call must leave the
-pool and the state equal to the reference (a refused lease writes nothing and is counted), and
-the sanitizer must report no out-of-bounds access.
+1. Refused leases: every field of a fitting lease is replaced in turn by values past its
+   bounds and by int64 extremes, read from a lease tensor and passed as kernel arguments; each
+   call must leave the pool and the state equal to the reference (a refused lease writes
+   nothing and is counted).
+2. Fitting leases for sources from 1 byte to over 16 MiB, each size ending mid-block for any
+   power-of-two block size from 256 bytes up (whatever the launch's tuning): the reference
+   again.
+3. The runtime (needs cuda-bindings): ``copy_tensor`` until the pool refuses ``(None, None)``,
+   consumers wait, read and acknowledge some leases in stream order, ``cancel_lease`` the
+   others, and every lease is recycled; each received tensor equals its source.
+
+The pool and every source are exact-size allocations, so an access past either end is one the
+sanitizer reports.
 """
 
 import torch
 
 from strictops.meta.transport_pool import Lease, data_start, slot_bytes
-from strictops.ops import copy_and_publish
+from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops import transport_pool as op
 
 
-def main() -> None:
+def _publish_and_check(pool, src, lease, slots, consumers, as_tensor: bool) -> None:
+    state = op.new_state("cuda")
+    expected = op.reference(pool, src, lease, state, slots, consumers)
+    if as_tensor:
+        copy_and_publish(pool, src, torch.tensor(lease, device="cuda"), state, slots, consumers)
+    else:  # the pool's own eager path: the lease's fields as kernel arguments
+        with torch.cuda.device(pool.device):
+            op._launch(op._publish_kernel, pool, src, state, state, slots, consumers,
+                       values=lease)
+    assert torch.equal(pool, expected[0]) and torch.equal(state, expected[1]), lease
+
+
+def _refused_leases(gen) -> int:
     slots, consumers = 5, 2
     start0 = data_start(slots, consumers)
     memory_size = start0 + 64 * 1024 + 100
-    gen = torch.Generator(device="cuda").manual_seed(0)
     pool = torch.randint(0, 256, (memory_size,), device="cuda", dtype=torch.uint8, generator=gen)
     src = torch.randn(5000, device="cuda", generator=gen)  # 20000 bytes
     ready = 3 * slot_bytes(consumers)
@@ -30,19 +51,65 @@ def main() -> None:
     cases = 0
     for field in Lease._fields:
         for value in extremes + [getattr(good, field) + d for d in (-256, -4, -1, 1, 4, 256)]:
-            lease = good._replace(**{field: value})
             for as_tensor in (True, False):
-                state = op.new_state("cuda")
-                expected = op.reference(pool, src, lease, state, slots, consumers)
-                if as_tensor:
-                    copy_and_publish(pool, src, torch.tensor(lease, device="cuda"), state, slots,
-                                     consumers)
-                else:
-                    with torch.cuda.device(pool.device):
-                        op._launch(op._publish_kernel, pool, src, state, state, slots, consumers,
-                                   values=lease)
-                assert torch.equal(pool, expected[0]) and torch.equal(state, expected[1]), lease
+                _publish_and_check(pool, src, good._replace(**{field: value}), slots, consumers,
+                                   as_tensor)
                 cases += 1
+    return cases
+
+
+def _awkward_sources(gen) -> int:
+    slots, consumers = 3, 1
+    start0 = data_start(slots, consumers)
+    sizes = [1, 3, 255, 4095, 4097, 16385, 5 * 8192 + 13, (16 << 20) + 4099]
+    memory_size = start0 + max(sizes) + 256
+    pool = torch.randint(0, 256, (memory_size,), device="cuda", dtype=torch.uint8, generator=gen)
+    cases = 0
+    for nbytes in sizes:
+        src = torch.randint(0, 256, (nbytes,), device="cuda", dtype=torch.uint8, generator=gen)
+        ready = 2 * slot_bytes(consumers)
+        lease = Lease(start0, memory_size, nbytes, 2, 11 + cases, ready, ready + 4)
+        for as_tensor in (True, False):
+            _publish_and_check(pool, src, lease, slots, consumers, as_tensor)
+            cases += 1
+    return cases
+
+
+def _runtime(gen) -> int:
+    slots, consumers = 6, 2
+    pool = TransportPool(data_start(slots, consumers) + 8 * 4096, device="cuda",
+                         consumer_count=consumers, max_inflight_slices=slots,
+                         recycle_interval=None, name="adversarial")
+    readers = [TransportConsumer.local(pool, rank) for rank in range(consumers)]
+    try:
+        published = []
+        for i in range(slots + 1):  # a slot per lease: the last copy finds none free
+            src = torch.randint(-100, 100, (1000 + 7 * i,), device="cuda", dtype=torch.int32,
+                                generator=gen)
+            lease, view = pool.copy_tensor(src)
+            if lease is None:
+                assert view is None and i == slots, i
+                break
+            published.append((lease, src))
+        assert pool.copy_tensor(torch.ones(3000, device="cuda")) == (None, None)  # no slot
+        for k, (lease, src) in enumerate(published):
+            if k % 2:
+                pool.cancel_lease(lease)
+                continue
+            for reader in readers:
+                assert torch.equal(reader.receive(lease, src.dtype, src.shape), src), k
+        torch.cuda.synchronize()
+        recycled = pool.recycle()
+        assert sorted(recycled) == sorted(lease for lease, _ in published), recycled
+        assert pool.active_lease_count == 0 and pool.error_count() == 0
+        return len(published)
+    finally:
+        pool.shutdown()
+
+
+def main() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cases = _refused_leases(gen) + _awkward_sources(gen) + _runtime(gen)
     torch.cuda.synchronize()
     print(f"adversarial_transport_pool: {cases} calls, all equal to the reference")
 
