@@ -140,9 +140,10 @@ def _publish_kernel(
     the flag); ``_COPY`` only copies and ``_FLAG`` (grid ``(1,)``) only writes the flag, for
     the two-launch publish, whose stream order puts the flag after every byte.
 
-    Grid: ``(cdiv(src_nbytes, BLOCK),)``: program ``pid`` copies bytes ``[pid * BLOCK, (pid +
-    1) * BLOCK)`` that lie below the lease's ``nbytes``. One block per program and no loop: a
-    grid-stride loop measured 0.77 of the copy floor at 256 MiB on the H200, this 0.9+.
+    Grid: ``(cdiv(src_nbytes, BLOCK),)`` (``(1,)`` for ``_FLAG``): program ``pid`` copies bytes
+    ``[pid * BLOCK, (pid + 1) * BLOCK)`` that lie below the lease's ``nbytes``. One block per
+    program and no loop: a grid-stride loop over 1024 programs measured 0.77 of the copy floor
+    at 256 MiB on the H200, one 16 KiB block per program 0.93.
 
     pool_ptr: ``[memory_size]`` uint8, 256-byte aligned.
     src_ptr: ``[src_nbytes]`` uint8 (the source's bytes).
@@ -165,17 +166,13 @@ def _publish_kernel(
         else:
             data = tl.load(src_ptr + offs, mask=offs < src_nbytes, other=0)
     if LEASE_FROM_PTR:
-        # One 64-byte load of the whole lease, not seven: every program reads these same
-        # bytes, and at 65536 programs seven loads each cost 30 us at 256 MiB on the H200.
-        words = tl.arange(0, 8)
-        lease = tl.load(lease_ptr + words, mask=words < _LEASE_WORDS, other=0)
-        start = tl.sum(tl.where(words == _START, lease, 0))
-        end = tl.sum(tl.where(words == _END, lease, 0))
-        nbytes = tl.sum(tl.where(words == _NBYTES, lease, 0))
-        slot = tl.sum(tl.where(words == _SLOT, lease, 0))
-        generation = tl.sum(tl.where(words == _GENERATION, lease, 0))
-        ready = tl.sum(tl.where(words == _READY, lease, 0))
-        ack = tl.sum(tl.where(words == _ACK, lease, 0))
+        start = tl.load(lease_ptr + _START)
+        end = tl.load(lease_ptr + _END)
+        nbytes = tl.load(lease_ptr + _NBYTES)
+        slot = tl.load(lease_ptr + _SLOT)
+        generation = tl.load(lease_ptr + _GENERATION)
+        ready = tl.load(lease_ptr + _READY)
+        ack = tl.load(lease_ptr + _ACK)
     else:
         start = start_arg.to(tl.int64)
         end = end_arg.to(tl.int64)
@@ -217,13 +214,14 @@ def _publish_kernel(
 
 # Warps per program; bytes per program by source size, ``(up_to_bytes, block_bytes)``, the
 # first row whose bound holds; and the size above which the publish takes two launches (a
-# copy, then a one-program flag write) instead of one. Small blocks copy fastest, but in one
-# launch every program adds one atomic on the arrival counter, and past ~32k programs those
-# queue; a second launch costs ~1.5 us, nothing at 256 MiB. (H200 sweeps: see
-# benchmarks/bench_transport_pool.py.) Speed choices only: under tracing they are taken from
-# the size's hint without a guard, so no size recompiles.
-TUNING = {"num_warps": 4, "block_bytes": ((16 << 20, 4096), (None, 16384)),
-          "two_launches_above": 16 << 20}
+# copy, then a one-program flag write) instead of one. Every program reads the lease and, in
+# one launch, adds one atomic to the arrival counter: at 256 MiB, 4 KiB blocks (65536
+# programs) reached 0.53 of the floor in one launch and 0.77 in two, 16 KiB blocks 0.79 and
+# 0.93 (H200 sweep, benchmarks/results/2026-11-30-session2/). Below 1 MiB one launch is the
+# faster (graph replay 8.4 us at 64 KiB against 9+ for two). Speed choices only: under
+# tracing they are taken from the size's hint without a guard, so no size recompiles.
+TUNING = {"num_warps": 4, "block_bytes": ((1 << 20, 4096), (None, 16384)),
+          "two_launches_above": 1 << 20}
 
 
 def block_bytes_for(src_nbytes) -> int:

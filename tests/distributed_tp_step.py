@@ -388,6 +388,12 @@ def rank_main(rank: int, opts: argparse.Namespace, parent_pid: int, results) -> 
     # before teardown, so that a hang in teardown is still seen with the results.
     results.put((rank, [tuple(c) for c in checks]))
     if initialised:
+        # Free the compiled step's CUDA graphs (which hold captured NCCL work) before the
+        # communicator goes: with them alive, destroy_process_group() hung on the two H200s.
+        torch.cuda.synchronize()
+        torch._dynamo.reset()
+        from torch._inductor import cudagraph_trees
+        cudagraph_trees.reset_cudagraph_trees()
         dist.destroy_process_group()
 
 
