@@ -18,10 +18,14 @@ The program that arrives last therefore sees every byte of the copy; it resets t
 for the next launch and writes the flag with a release at system scope, which orders the whole
 copy before the flag for any observer (a consumer kernel, or a ``cuStreamWaitValue32`` in
 another process). This is the pattern of CUDA's own grid-wide barrier (bar.sync, then one
-thread's fenced atomic). Two launches (copy, then a stream write) would get the same ordering
-from the stream; one launch saves the second launch's latency, which at small sizes is most of a
-publish. The counter is per ``state`` tensor: two publishes that may run concurrently need two
-``state`` tensors (the pool keeps one per slot).
+thread's fenced atomic). The counter is per ``state`` tensor: two publishes that may run
+concurrently need two ``state`` tensors (the pool keeps one per slot).
+
+Above 1 MiB the same kernel runs as two launches instead: the copy, with no counter, then one
+program that writes the flag; the stream orders them. One launch saves the second launch's
+latency (1.2 us on the H200), most of a small publish; but every program of one launch adds
+an atomic on one counter word, which at large sizes costs more than the second launch
+(``TUNING``).
 
 The lease is read from an int64 CUDA tensor, so one captured CUDA graph publishes into a new
 lease on every replay (write the tensor, replay). Its values are checked on the device against
@@ -217,8 +221,8 @@ def _publish_kernel(
 # copy, then a one-program flag write) instead of one. Every program reads the lease and, in
 # one launch, adds one atomic to the arrival counter: at 256 MiB, 4 KiB blocks (65536
 # programs) reached 0.53 of the floor in one launch and 0.77 in two, 16 KiB blocks 0.79 and
-# 0.93 (H200 sweep, benchmarks/results/2026-11-30-session2/). Below 1 MiB one launch is the
-# faster (graph replay 8.4 us at 64 KiB against 9+ for two). Speed choices only: under
+# 0.93 (H200 sweep, benchmarks/results/2026-11-30-session2/). Up to 1 MiB one launch is the
+# faster (graph replay 7.8 us at 64 KiB, 9.0 in two). Speed choices only: under
 # tracing they are taken from the size's hint without a guard, so no size recompiles.
 TUNING = {"num_warps": 4, "block_bytes": ((1 << 20, 4096), (None, 16384)),
           "two_launches_above": 1 << 20}
