@@ -290,7 +290,7 @@ def copy_and_publish(
     consumer_count: int,
 ) -> None:
     """Copy ``src``'s first ``nbytes`` bytes into the lease's range of ``pool``, then
-    write the lease's generation into its ready word; one launch, no host sync, capturable.
+    write the lease's generation into its ready word; one launch (two above 1 MiB), no host sync, capturable.
 
     Parameters
     ----------
