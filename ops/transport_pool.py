@@ -289,8 +289,9 @@ def copy_and_publish(
     max_inflight_slices: int,
     consumer_count: int,
 ) -> None:
-    """Copy ``src``'s first ``nbytes`` bytes into the lease's range of ``pool``, then
-    write the lease's generation into its ready word; one launch (two above 1 MiB), no host sync, capturable.
+    """Copy ``src``'s first ``nbytes`` bytes into the lease's range of ``pool``, then write
+    the lease's generation into its ready word; one launch (two above 1 MiB), no host sync,
+    capturable.
 
     Parameters
     ----------
