@@ -186,6 +186,13 @@ class Contract:
             if ok is not True:
                 torch._check_with(c.error, ok, _lazy_message(c, args))
 
+    def broken_rule(self, **args: Any) -> str | None:
+        """The rule :meth:`validate` reports for these arguments: the first whose predicate
+        fails, or None. Predicates read metadata only, so the arguments may be real or fake;
+        with symbolic sizes a relation is evaluated on its hints (for tests, not for tracing)."""
+        namespace = SimpleNamespace(**args)
+        return next((c.rule for c in self.checks if not hint(c.ok(namespace))), None)
+
     def expected_error(self, rule: str, **args: Any) -> tuple[type[Exception], str]:
         """The (type, message) that breaking ``rule`` on these arguments must raise."""
         c = self.check(rule)

@@ -8,7 +8,6 @@ so the tests exercise exactly the input space the contract declares.
 from __future__ import annotations
 
 import contextlib
-from types import SimpleNamespace
 from typing import Iterator
 
 import pytest
@@ -298,14 +297,6 @@ def raised(fn, **kwargs) -> BaseException:
     return info.value
 
 
-def first_broken_rule(contract, args: dict) -> str | None:
-    """The rule ``contract`` (a :class:`~strictops.meta.Contract`) reports for a call with
-    ``args``: the first whose predicate fails, or None. Predicates read metadata only (never
-    values), so ``args`` may be real or fake tensors; with concrete sizes each is a plain bool."""
-    namespace = SimpleNamespace(**args)
-    return next((c.rule for c in contract.checks if not c.ok(namespace)), None)
-
-
 def near_miss_message(fn, contract_module, rule: str, dims) -> str:
     """The text of the ``ValueError`` that ``fn`` raises on fake tensors for the near miss of
     ``rule`` (``contract_module``: an op's ``strictops.meta`` module; ``dims``: its ``Dims``)."""
@@ -419,7 +410,6 @@ __all__ += [
     "assert_near_miss_parity",
     "assert_rule_fails_at_trace_time",
     "capture_cuda_graph",
-    "first_broken_rule",
     "kernel_launches",
     "near_miss_message",
     "raised",

@@ -30,7 +30,6 @@ from strictops.meta.testing import (
     CAN_NAME_SECOND_GPU,
     error_chain,
     fake_mode,
-    first_broken_rule,
     multi_gpu,
     raised,
 )
@@ -84,7 +83,7 @@ def _device_error(op: str, args: dict) -> tuple[type[Exception], str]:
     """The error the contract reports for ``args``, which must be a device rule whose message
     names the second GPU (as ``cuda:1`` or as ``device(type='cuda', index=1)``)."""
     contract = CONTRACTS[op]
-    rule = first_broken_rule(contract, args)
+    rule = contract.broken_rule(**args)
     assert rule is not None and rule.endswith("device"), rule
     error, message = contract.expected_error(rule, **args)
     assert "cuda:1" in message or "index=1" in message, message
