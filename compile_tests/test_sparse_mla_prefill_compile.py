@@ -1,14 +1,17 @@
 """sparse_mla_q8kv8_prefill_fwd under torch.compile, torch.export and CUDA graphs.
 
-CPU (CI), on fake CUDA tensors: one graph, no graph break, no recompile when ``s_q``, ``s_kv``,
-``topk`` (and ``h_q``) change; ``h_q = 16`` (the unpadded tensor-parallel heads that hung the
-original in serving) and every other rule fail at trace time with the eager message;
-overlapping buffers are refused at trace time; ``torch.export`` traces the op and refuses bad
-inputs with the original ``ValueError``; Inductor receives one Triton launch and the
-allocations of the outputs the caller did not pass, nothing else.
+CPU (CI), on fake CUDA tensors, for both kernels (the Triton kernel, and the warp-specialised
+Gluon kernel that sm_90 runs, whose launch is the ``strictops_kernels::sparse_mla_ws_launch``
+op): one graph, no graph break, no recompile when ``s_q``, ``s_kv``, ``topk`` (and ``h_q``)
+change; ``h_q = 16`` (the unpadded tensor-parallel heads that hung the original in serving) and
+every other rule fail at trace time with the eager message; overlapping buffers are refused at
+trace time; ``torch.export`` traces the op and refuses bad inputs with the original
+``ValueError``; Inductor receives one kernel launch and the allocations of the outputs the
+caller did not pass, nothing else.
 
-GPU (``-m gpu``): Inductor, ``mode="reduce-overhead"`` and a manual ``torch.cuda.graph``
-capture equal eager bit for bit, and ``torch.library.opcheck`` passes with all its test utils.
+GPU (``-m gpu``), for both kernels: Inductor, ``mode="reduce-overhead"`` and a manual
+``torch.cuda.graph`` capture equal eager bit for bit, and ``torch.library.opcheck`` passes
+with all its test utils but ``test_schema``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ from strictops.ops import sparse_mla_prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
 OP = torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd.default
+WS_LAUNCH = torch.ops.strictops_kernels.sparse_mla_ws_launch.default
+
+
+@pytest.fixture(params=["triton", "gluon"])
+def kernel(request, monkeypatch):
+    """The kernel the op launches (``op.KERNEL``), read when a call is traced."""
+    if request.param == "gluon" and not op._sparse_mla_gluon.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(op, "KERNEL", request.param)
+    return request.param
 
 
 def step(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=512, attn_sink=None,
@@ -74,7 +87,7 @@ def _flagged(flags: dict, i: int = 0) -> dict:
 
 
 @pytest.mark.parametrize("flags", list(FLAGS))
-def test_one_graph_no_break_no_recompile_across_sizes(flags):
+def test_one_graph_no_break_no_recompile_across_sizes(flags, kernel):
     counter = CompileCounter()
     compiled = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
     with fake_mode():
@@ -85,7 +98,7 @@ def test_one_graph_no_break_no_recompile_across_sizes(flags):
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
-def test_h_q_16_fails_at_trace_time():
+def test_h_q_16_fails_at_trace_time(kernel):
     """The case that hung the original in serving: 16 heads per rank, unpadded."""
     compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=True)
     with fake_mode():
@@ -104,7 +117,7 @@ def test_h_q_16_fails_at_trace_time():
         not CAN_NAME_SECOND_GPU and r in SPARSE_MLA_SECOND_GPU_RULES,
         reason="a real single-GPU machine has no cuda:1"))
     for r in contract.CONTRACT.rules])
-def test_every_rule_fails_at_trace_time(rule):
+def test_every_rule_fails_at_trace_time(rule, kernel):
     assert_rule_fails_at_trace_time(step, contract, rule, _dims(1))
 
 
@@ -137,11 +150,13 @@ def test_overlapping_buffers_are_refused_at_trace_time(case):
 
 @pytest.mark.parametrize("flags, allocations", [("functional", 3), ("every_argument", 0),
                                                 ("partial_buffers", 2)])
-def test_inductor_receives_one_triton_launch_and_only_the_missing_allocations(flags,
-                                                                              allocations):
+def test_inductor_receives_one_launch_and_only_the_missing_allocations(flags, allocations,
+                                                                       kernel):
     with fake_mode():
         gm = aot_op_graph(OP, build(_flagged(flags)))
-    assert len(kernel_launches(gm)) == 1, gm.code
+    (launch,) = kernel_launches(gm)
+    launches_ws = launch.args[:1] == (WS_LAUNCH,)  # auto_functionalized(WS_LAUNCH, ...)
+    assert launches_ws == (kernel == "gluon"), gm.code
     tensor_ops = [n.target for n in gm.graph.nodes
                   if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                   and n.target not in (torch.ops.aten.sym_stride.int, torch.ops.aten.sym_size.int)]
@@ -161,7 +176,7 @@ def _export_kwargs(spec: dict) -> dict:
                                  "topk_length")}
 
 
-def test_export_traces_the_op_once_for_every_size():
+def test_export_traces_the_op_once_for_every_size(kernel):
     s_q, s_kv = torch.export.Dim("s_q"), torch.export.Dim("s_kv")
     topk = 128 * torch.export.Dim("topk_blocks")  # the contract's topk % 128 == 0, declared
     shapes = {"q": {0: s_q}, "kv": {0: s_kv}, "indices": {0: s_q, 2: topk}, "q_scale": None,
@@ -176,7 +191,7 @@ def test_export_traces_the_op_once_for_every_size():
     assert out.shape == (other.s_q, other.h_q, contract.D_V)
 
 
-def test_export_refuses_a_bad_call_with_the_original_value_error():
+def test_export_refuses_a_bad_call_with_the_original_value_error(kernel):
     with fake_mode():
         spec = contract.NEAR_MISSES["topk"](contract.valid_spec(_dims(0, with_attn_sink=True)))
         kwargs = _export_kwargs(spec)
@@ -206,7 +221,7 @@ def _bitwise_equal(a: tuple, b: tuple) -> bool:
 @gpu
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 @pytest.mark.parametrize("flags", ["functional", "every_argument"])
-def test_gpu_inductor_equals_eager_bit_for_bit(mode, flags):
+def test_gpu_inductor_equals_eager_bit_for_bit(mode, flags, kernel):
     compiled = torch.compile(step, fullgraph=True, dynamic=True, mode=mode)
     for i in range(3):  # several sizes, one compile
         args = _real_inputs(i, i, **FLAGS[flags])
@@ -217,7 +232,7 @@ def test_gpu_inductor_equals_eager_bit_for_bit(mode, flags):
 
 
 @gpu
-def test_gpu_manual_cuda_graph_replays_equal_eager():
+def test_gpu_manual_cuda_graph_replays_equal_eager(kernel):
     flags = FLAGS["every_argument"]
     static = _real_inputs(0, **flags)
     graph, captured = capture_cuda_graph(step, **static)
@@ -232,7 +247,7 @@ def test_gpu_manual_cuda_graph_replays_equal_eager():
 
 @gpu
 @pytest.mark.parametrize("flags", list(FLAGS))
-def test_gpu_opcheck(flags):
+def test_gpu_opcheck(flags, kernel):
     """Every opcheck util but ``test_schema``, whose mutation check compares inputs with
     arithmetic that has no Float8_e4m3fn kernel ("mul_cuda" not implemented, torch 2.11).
     The schema's mutations are checked by the version-counter and buffer tests instead."""

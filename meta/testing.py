@@ -343,8 +343,17 @@ def assert_every_rule_pinned(testcase, contract_module) -> None:
 
 
 def kernel_launches(gm: torch.fx.GraphModule) -> list:
-    """The Triton launches of a traced graph."""
-    return [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    """The kernel launches of a traced graph: Triton launches (``wrap_triton``) and the ops of
+    the ``strictops_kernels`` namespace (launches Inductor cannot compile itself, such as a
+    Gluon kernel's), directly or functionalised."""
+    def launches(n) -> bool:
+        if "triton_kernel_wrapper" in str(n.target):
+            return True
+        functionalized = (torch.ops.higher_order.auto_functionalized,
+                          torch.ops.higher_order.auto_functionalized_v2)
+        target = n.args[0] if n.target in functionalized else n.target
+        return getattr(target, "namespace", None) == "strictops_kernels"
+    return [n for n in gm.graph.nodes if n.op == "call_function" and launches(n)]
 
 
 def capture_cuda_graph(fn, *args, **kwargs):

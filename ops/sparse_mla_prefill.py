@@ -47,6 +47,7 @@ from torch.library import triton_op, wrap_triton
 from strictops.meta import sparse_mla_prefill as contract
 from strictops.meta._specs import TensorSpec
 
+from . import _sparse_mla_gluon
 from ._dispatch import can_skip_dispatcher, on_device_of
 from ._interpret import interpreted
 
@@ -177,9 +178,12 @@ def _sparse_mla_prefill_kernel(
     tl.store(lse_ptr + row_of_head, lse)
 
 
-# Tuning: the SPEC §2 baseline (8 warps, 64 heads and 64 rows a step). Not yet measured on the
-# H200: benchmarks/bench_sparse_mla_prefill.py sweeps these and reports the best.
+# Tuning of the Triton kernel, measured on the H200 (benchmarks/results/2026-11-30-session2):
+# 8 warps, 2 stages and 64 rows a step were the best (262 TFLOPS); 1 stage is miscompiled.
 TUNING = {"num_warps": 8, "num_stages": 2, "block_n": 64}
+# Which kernel a CUDA call runs: "auto" (the warp-specialised Gluon kernel on sm_90 when this
+# Triton has Gluon, the Triton kernel elsewhere), "gluon" or "triton" (tests, A/B runs).
+KERNEL = "auto"
 
 
 def _launch(kernel, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length,
@@ -236,6 +240,55 @@ def check_topk_length_values(topk_length, topk, topk_length_errors=None) -> None
         raise ValueError(f"topk_length values must satisfy 0 <= topk_length <= topk ({topk})")
 
 
+def warp_specialized(q: torch.Tensor) -> bool:
+    """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see
+    ``KERNEL``): a trace-time constant of the device, never of a size."""
+    if KERNEL == "triton" or not _sparse_mla_gluon.AVAILABLE:
+        return False
+    if KERNEL == "gluon":  # also on fake CUDA tensors without a GPU: CI traces this path
+        return True
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(q.device) == (9, 0)
+
+
+def _launch_warp_specialized(q, *args):
+    with on_device_of(q):
+        return _sparse_mla_gluon.launch(q, *args)
+
+
+@torch.library.custom_op("strictops_kernels::sparse_mla_ws_launch",
+                         mutates_args=("out", "max_logits", "lse", "topk_length_errors"))
+def _ws_launch(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    q_scale: torch.Tensor,
+    kv_scale: torch.Tensor,
+    attn_sink: Optional[torch.Tensor],
+    topk_length: Optional[torch.Tensor],
+    out: torch.Tensor,
+    max_logits: torch.Tensor,
+    lse: torch.Tensor,
+    topk_length_errors: Optional[torch.Tensor],
+) -> None:
+    """The Gluon kernel's launch as an op of its own, for traced calls only.
+
+    Inductor compiles ``wrap_triton`` launches of ``@triton.jit`` kernels, not Gluon ones, so
+    a traced call of the public op records this op instead: the contract has already run in
+    the public op's body (this op is never called on unvalidated arguments), and the outputs
+    are already allocated, so its fake has nothing to check or allocate. Eager calls launch
+    directly.
+    """
+    _launch_warp_specialized(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
+                             topk_length, out, max_logits, lse, topk_length_errors)
+
+
+@_ws_launch.register_fake
+def _(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out, max_logits,
+      lse, topk_length_errors) -> None:
+    return None
+
+
 def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
              topk_length, out, max_logits, lse, topk_length_errors) -> list[torch.Tensor]:
     """Validate, check values (eager only), allocate what is missing, launch; return the
@@ -244,9 +297,15 @@ def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d
                       out, max_logits, lse, topk_length_errors)
     check_topk_length_values(topk_length, indices.shape[2], topk_length_errors)
     out, max_logits, lse, fresh = _allocate(q, d_v, out, max_logits, lse)
-    with on_device_of(q, real_launch):
-        _launch(kernel, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length,
-                out, max_logits, lse, topk_length_errors)
+    launch_args = (q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
+                   max_logits, lse, topk_length_errors)
+    if not warp_specialized(q):
+        with on_device_of(q, real_launch):
+            _launch(kernel, *launch_args)
+    elif real_launch:
+        _launch_warp_specialized(*launch_args)
+    else:
+        torch.ops.strictops_kernels.sparse_mla_ws_launch(*launch_args)
     return fresh
 
 

@@ -7,7 +7,8 @@ from the contract raise the same error on the eager path (concrete sizes) and th
 kernel under the Triton interpreter against the float64 reference on small shapes (both head
 dims, invalid indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row
 that must not be read, out-of-range lengths counted). GPU (``-m gpu``): the same on real CUDA
-tensors at moderate shapes, fresh random inputs every run.
+tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
+the warp-specialised Gluon one that sm_90 runs by default).
 """
 
 from __future__ import annotations
@@ -451,6 +452,14 @@ def test_out_of_range_topk_lengths_are_clamped_and_counted_once_per_token():
 # GPU
 
 
+@pytest.fixture(params=["auto", "triton"])
+def kernel(request, monkeypatch):
+    """The kernel the op launches: its default choice (on an H200 the Gluon kernel) and the
+    Triton kernel."""
+    monkeypatch.setattr(op, "KERNEL", request.param)
+    return request.param
+
+
 def _fresh_generator() -> tuple[torch.Generator, int]:
     """A CUDA generator with a fresh seed each run (reported in failures to reproduce them)."""
     seed = secrets.randbits(62)
@@ -469,7 +478,7 @@ def _check_on_gpu(args: dict, seed: int):
 @gpu
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 @pytest.mark.parametrize("variant", ["plain", "topk_length", "attn_sink"])
-def test_gpu_matches_the_reference_and_writes_every_element(d_qk, variant):
+def test_gpu_matches_the_reference_and_writes_every_element(d_qk, variant, kernel):
     """Poisoned (NaN) buffers, -1 and >= s_kv indices, a fully invalid token, zero and
     partial lengths: within the issue's 2.5e-2 of float64, every element written."""
     gen, seed = _fresh_generator()
@@ -486,7 +495,7 @@ def test_gpu_matches_the_reference_and_writes_every_element(d_qk, variant):
 
 @gpu
 @pytest.mark.parametrize("h_q", [64, 192])
-def test_gpu_any_multiple_of_64_heads(h_q):
+def test_gpu_any_multiple_of_64_heads(h_q, kernel):
     gen, seed = _fresh_generator()
     dims = contract.Dims(s_q=33, s_kv=700, h_q=h_q, d_qk=576, topk=256, with_attn_sink=True,
                          with_buffers=True, device="cuda")
@@ -494,7 +503,7 @@ def test_gpu_any_multiple_of_64_heads(h_q):
 
 
 @gpu
-def test_gpu_index_offsets_past_2_pow_31_bytes():
+def test_gpu_index_offsets_past_2_pow_31_bytes(kernel):
     """kv rows past 2**31 bytes from its start: the gather's address arithmetic is 64-bit."""
     gen, seed = _fresh_generator()
     dims = contract.Dims(s_q=8, s_kv=(2**31 // 576) + 4096, h_q=64, d_qk=576, topk=128,
@@ -503,6 +512,25 @@ def test_gpu_index_offsets_past_2_pow_31_bytes():
     args["indices"] = torch.randint(dims.s_kv - 4096, dims.s_kv, args["indices"].shape,
                                     device="cuda", generator=gen, dtype=torch.int32)
     _check_on_gpu(args, seed)
+
+
+@gpu
+def test_gpu_hopper_runs_the_warp_specialized_kernel_close_to_the_triton_one(monkeypatch):
+    """On sm_90 the default is the Gluon kernel; it and the Triton kernel differ only in how
+    P is rounded for P·V (fp16 against bf16), far below the reference tolerance."""
+    gen, seed = _fresh_generator()
+    dims = contract.Dims(s_q=40, s_kv=1000, h_q=128, d_qk=576, topk=256, with_attn_sink=True,
+                         device="cuda")
+    args = op.random_inputs(dims, gen)
+    hopper = torch.cuda.get_device_capability() == (9, 0) and op._sparse_mla_gluon.AVAILABLE
+    assert op.warp_specialized(args["q"]) == hopper
+    monkeypatch.setattr(op, "KERNEL", "gluon" if hopper else "triton")
+    ours = sparse_mla_q8kv8_prefill_fwd(**args)
+    monkeypatch.setattr(op, "KERNEL", "triton")
+    theirs = sparse_mla_q8kv8_prefill_fwd(**args)
+    assert op.relative_l2(ours[0], theirs[0]) <= 4e-3, f"seed {seed}"
+    assert torch.equal(ours[1].isinf(), theirs[1].isinf()), f"seed {seed}"
+    assert torch.allclose(ours[2], theirs[2], rtol=1e-4, atol=1e-4), f"seed {seed}"
 
 
 @gpu
@@ -538,7 +566,7 @@ def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
 
 
 @gpu
-def test_gpu_topk_length_values_eager_counter_and_capture():
+def test_gpu_topk_length_values_eager_counter_and_capture(kernel):
     """Eager: refused with the original message. With a counter: no host sync, counted.
     Inside CUDA-graph capture without a counter: no check (no sync), clamped, no error."""
     gen, _ = _fresh_generator()

@@ -1,0 +1,380 @@
+"""The warp-specialised Hopper kernel of sparse MLA prefill, in Gluon (triton.experimental).
+
+``strictops.ops.sparse_mla_prefill`` runs this kernel on sm_90 GPUs and its plain Triton
+kernel everywhere else (other GPUs, the Triton interpreter, tracing without a GPU). Both
+compute the same thing from the same validated arguments; see that module for the semantics.
+
+Why a second kernel: the plain Triton kernel gathers the KV rows through registers, converts V
+and runs both products in one group of 8 warps, so the gather, the conversion, the softmax and
+the tensor cores take turns; it peaked at 260 TFLOPS at the SPEC shape. Here one CTA (one
+token, 64 heads) has three warpgroups:
+
+- a producer, which gathers the selected KV rows straight into shared memory with ``cp.async``
+  (16-byte copies, zero-filled for invalid rows, which are never read), and converts the V
+  part of each gathered block (its first 512 columns) from FP8 to fp16 for P·V;
+- two consumers, each of which computes S = Q·Kᵀ in FP8 (``wgmma``, fp32 accumulation), the
+  online softmax, and P·V in fp16 (``wgmma``) for its half of the 512 output columns.
+
+Each consumer computes the whole S for its 64 heads: twice the Q·Kᵀ work of sharing one S, but
+the two consumers never wait for each other, and the warp schedulers overlap one's softmax
+with the other's products. P·V runs in fp16 rather than bf16 or FP8: every e4m3 value is exact
+in fp16, the conversion is one instruction per two values (bf16 takes three, and measured
+32% slower), and P keeps 11 significant bits (bf16: 8, FP8: 4).
+
+Synchronisation is by mbarriers in shared memory: ``k_ready``/``k_free`` for the
+``NUM_STAGES`` gathered blocks, and ``v_ready``/``v_free`` per consumer half for the fp16 V
+block. Registers are moved from the producer to the consumers with ``setmaxnreg``
+(``CONSUMER_REGS``/``PRODUCER_REGS``).
+
+Gluon's API changes between Triton releases; this module is written against Triton 3.6 (the
+version CI pins and the GPU machine has). ``AVAILABLE`` is False where the import fails, and
+the op then keeps to its Triton kernel.
+"""
+
+from __future__ import annotations
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+    AVAILABLE = True
+except ImportError:  # a Triton without Gluon's Hopper API: the Triton kernel is used instead
+    AVAILABLE = False
+
+__all__ = ["AVAILABLE", "TUNING", "launch"]
+
+# 64 heads a CTA, 64 gathered rows a step, 512 latent (V) columns; each consumer owns 256.
+BLOCK_H = 64
+BLOCK_N = 64
+D_V = 512
+# Tuning, measured on the H200 (benchmarks/results/): stages of gathered blocks in shared
+# memory, registers per thread of the consumer and producer warpgroups (the kernel starts at
+# MAX_REGS for all 12 warps; 2 * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS must not exceed
+# 12 * 32 * MAX_REGS), and whether a consumer issues the next block's Q·Kᵀ before the current
+# block's softmax (FA3-style overlap; costs one more S accumulator in registers).
+TUNING = {"num_stages": 2, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168,
+          "pipeline_qk": False, "lag": 1}
+
+if AVAILABLE:
+    _BLOCK_H = gl.constexpr(BLOCK_H)
+    _BLOCK_N = gl.constexpr(BLOCK_N)
+    _D_V = gl.constexpr(D_V)
+
+    @gluon.jit
+    def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,
+                  k_nope, k_rope, v_f16, k_ready, k_free, v_ready, v_free,
+                  D_QK: gl.constexpr, NUM_STAGES: gl.constexpr, LAG: gl.constexpr):
+        """Gather step ``i``'s rows into stage ``i % NUM_STAGES``, then (``LAG`` steps later,
+        when those copies have landed) publish the stage and convert its V part to fp16."""
+        D_ROPE: gl.constexpr = D_QK - 512
+        gl.static_assert(NUM_STAGES > LAG, "a stage is refilled only after it was converted")
+        # 16 bytes (one cp.async) per thread and row segment; a warp covers 512 contiguous
+        # bytes of one row (latent part) or 4 bytes x 16 of eight rows (rope part).
+        nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
+        rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        conv_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        cols = gl.arange(0, 512, gl.SliceLayout(0, nope_layout))
+        rows = gl.arange(0, _BLOCK_N, gl.SliceLayout(1, nope_layout))
+        rope_cols = gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
+        rope_rows = gl.arange(0, _BLOCK_N, gl.SliceLayout(1, rope_layout))
+        index_row = indices_ptr + token * topk
+        n_steps = gl.cdiv(n_rows, _BLOCK_N)
+        for i in range(n_steps + LAG):
+            if i < n_steps:
+                s = i % NUM_STAGES
+                mbarrier.wait(k_free.index(s), ((i // NUM_STAGES) & 1) ^ 1)
+                # Invalid indices and rows past n_rows copy nothing: cp.async with a false
+                # mask reads no byte and writes zeros (a zero row keeps 0 * V finite).
+                j = i * _BLOCK_N + rows
+                idx = gl.load(index_row + j, mask=j < n_rows, other=-1)
+                valid = (idx >= 0) & (idx < s_kv)
+                row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK
+                async_copy.async_copy_global_to_shared(
+                    k_nope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(cols, 0),
+                    mask=gl.expand_dims(valid, 1))
+                if D_ROPE > 0:
+                    j = i * _BLOCK_N + rope_rows
+                    idx = gl.load(index_row + j, mask=j < n_rows, other=-1)
+                    valid = (idx >= 0) & (idx < s_kv)
+                    row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK + 512
+                    async_copy.async_copy_global_to_shared(
+                        k_rope.index(s),
+                        gl.expand_dims(row_ptr, 1) + gl.expand_dims(rope_cols, 0),
+                        mask=gl.expand_dims(valid, 1))
+                async_copy.commit_group()
+            if i >= LAG:
+                p = i - LAG
+                s = p % NUM_STAGES
+                if i < n_steps:
+                    async_copy.wait_group(LAG)  # this thread's copies of step p have landed
+                else:
+                    async_copy.wait_group(0)
+                # cp.async writes through the generic proxy, wgmma reads through the async
+                # one: fence, then make every producer thread's copies visible to the arrive.
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(k_ready.index(s))
+                for h in gl.static_range(2):
+                    mbarrier.wait(v_free.index(h), (p & 1) ^ 1)
+                    for c in gl.static_range(4):
+                        x = k_nope.index(s).slice(h * 256 + c * 64, 64, dim=1).load(conv_layout)
+                        v_f16.index(h).slice(c * 64, 64, dim=1).store(x.to(gl.float16))
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    mbarrier.arrive(v_ready.index(h))
+
+    @gluon.jit
+    def _consumer(half, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+                  token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
+                  q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
+                  v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
+                  NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr):
+        """Attention of 64 heads over the gathered blocks, output columns
+        ``[half * 256, half * 256 + 256)``; the ``half == 0`` consumer also writes
+        ``max_logits`` and ``lse``."""
+        D_ROPE: gl.constexpr = D_QK - 512
+        LOG2E: gl.constexpr = 1.4426950408889634
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, _BLOCK_N, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(0, o_layout, 2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        m_i = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_layout)
+        l_i = gl.zeros([_BLOCK_H], gl.float32, row_layout)
+        acc = gl.zeros([_BLOCK_H, 256], gl.float32, o_layout)
+        if PIPELINE_QK:
+            acc = warpgroup_mma_init(acc)  # the loop carries it as an MMA in flight
+        s_zero = gl.zeros([_BLOCK_H, _BLOCK_N], gl.float32, s_layout)
+        cols = gl.arange(0, _BLOCK_N, gl.SliceLayout(0, s_layout))
+        index_row = indices_ptr + token * topk
+        n_steps = gl.cdiv(n_rows, _BLOCK_N)
+        v_half = v_f16.index(half)
+        mbarrier.wait(q_ready, 0)
+        if PIPELINE_QK:
+            if n_steps > 0:
+                mbarrier.wait(k_ready.index(0), 0)
+            s_next = warpgroup_mma(q_nope, k_nope.index(0).permute((1, 0)), s_zero,
+                                   use_acc=False, is_async=True)
+            if D_ROPE > 0:
+                s_next = warpgroup_mma(q_rope, k_rope.index(0).permute((1, 0)), s_next,
+                                       is_async=True)
+        for i in range(n_steps):
+            s = i % NUM_STAGES
+            if PIPELINE_QK:
+                # Outstanding, oldest first: S(i), then P·V(i - 1) (none before step 0).
+                # Wait for S(i) only.
+                if i == 0:
+                    sc = warpgroup_mma_wait(0, deps=(s_next, ))
+                else:
+                    sc = warpgroup_mma_wait(1, deps=(s_next, ))
+                mbarrier.arrive(k_free.index(s))
+                if i + 1 < n_steps:
+                    s1 = (i + 1) % NUM_STAGES
+                    mbarrier.wait(k_ready.index(s1), ((i + 1) // NUM_STAGES) & 1)
+                    s_next = warpgroup_mma(q_nope, k_nope.index(s1).permute((1, 0)), s_zero,
+                                           use_acc=False, is_async=True)
+                    if D_ROPE > 0:
+                        s_next = warpgroup_mma(q_rope, k_rope.index(s1).permute((1, 0)),
+                                               s_next, is_async=True)
+            else:
+                mbarrier.wait(k_ready.index(s), (i // NUM_STAGES) & 1)
+                st = warpgroup_mma(q_nope, k_nope.index(s).permute((1, 0)), s_zero,
+                                   use_acc=False, is_async=True)
+                if D_ROPE > 0:
+                    st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st,
+                                       is_async=True)
+                sc = warpgroup_mma_wait(0, deps=(st, ))
+                mbarrier.arrive(k_free.index(s))
+            j = i * _BLOCK_N + cols
+            idx = gl.load(index_row + j, mask=j < n_rows, other=-1)
+            valid = (idx >= 0) & (idx < s_kv)
+            sc = gl.where(gl.expand_dims(valid, 0), sc * scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, 1))
+            # While every row so far was invalid the max is -inf; subtracting 0 instead keeps
+            # exp(-inf - m) at 0 rather than NaN.
+            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2((m_i - m_ref) * LOG2E)
+            pr = gl.exp2((sc - gl.expand_dims(m_ref, 1)) * LOG2E)
+            l_i = l_i * alpha + gl.sum(pr, 1)
+            m_i = m_new
+            p = gl.convert_layout(pr.to(gl.float16), p_layout)
+            if PIPELINE_QK:
+                # P·V(i - 1) (none at step 0) was issued before S(i + 1): waiting for all but
+                # the newest group finishes it.
+                # On the last step nothing newer was issued: wait for everything first (the
+                # loop must not change acc's type inside a branch).
+                if i + 1 >= n_steps:
+                    warpgroup_mma_wait(0, deps=(s_next, ))
+                acc = warpgroup_mma_wait(1, deps=(acc, ))
+                mbarrier.arrive(v_free.index(half), pred=i > 0)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
+            mbarrier.wait(v_ready.index(half), i & 1)
+            acc = warpgroup_mma(p, v_half, acc, is_async=True)
+            if not PIPELINE_QK:
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                mbarrier.arrive(v_free.index(half))
+        if PIPELINE_QK:
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            if n_steps > 0:
+                mbarrier.arrive(v_free.index(half))
+
+        seen = l_i > 0  # at least one valid row: its own term is exp(0) = 1
+        l_safe = gl.where(seen, l_i, 1.0)
+        lse = gl.where(seen, m_i + gl.log(l_safe), float("inf"))
+        weight = gl.where(seen, kv_scale / l_safe, 0.0)
+        heads = head0 + gl.arange(0, _BLOCK_H, row_layout)
+        if HAS_ATTN_SINK:
+            # exp(lse) / (exp(lse) + exp(sink)), written so that lse = +inf gives 1.
+            weight = weight / (1.0 + gl.exp(gl.load(attn_sink_ptr + heads) - lse))
+        row_of_head = token * h_q + heads
+        if half == 0:
+            gl.store(max_logits_ptr + row_of_head, m_i)
+            gl.store(lse_ptr + row_of_head, lse)
+        out = acc * gl.expand_dims(gl.convert_layout(weight, orow_layout), 1)
+        out_rows = gl.convert_layout(row_of_head, orow_layout)
+        out_cols = half * 256 + gl.arange(0, 256, gl.SliceLayout(0, o_layout))
+        gl.store(out_ptr + gl.expand_dims(out_rows, 1) * _D_V + gl.expand_dims(out_cols, 0),
+                 out.to(gl.bfloat16))
+
+    @gluon.jit
+    def _second_consumer(indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+                         token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
+                         q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
+                         v_ready, v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr):
+        _consumer(1, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+                  token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
+                  q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
+                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, PIPELINE_QK)
+
+    @gluon.jit
+    def sparse_mla_ws_kernel(
+        q_ptr,
+        kv_ptr,
+        indices_ptr,
+        q_scale_ptr,
+        kv_scale_ptr,
+        attn_sink_ptr,
+        topk_length_ptr,
+        errors_ptr,
+        out_ptr,
+        max_logits_ptr,
+        lse_ptr,
+        sm_scale,
+        s_kv,
+        h_q,
+        topk,
+        D_QK: gl.constexpr,
+        HAS_TOPK_LENGTH: gl.constexpr,
+        HAS_ATTN_SINK: gl.constexpr,
+        HAS_ERRORS: gl.constexpr,
+        NUM_STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
+        PIPELINE_QK: gl.constexpr,
+        LAG: gl.constexpr,
+    ):
+        """Attention of one token and 64 heads (CTA ``pid``: token ``pid // (h_q // 64)``).
+
+        Arguments as for ``strictops.ops.sparse_mla_prefill._sparse_mla_prefill_kernel``:
+        q ``[s_q, h_q, D_QK]`` and kv ``[s_kv, 1, D_QK]`` float8e4m3, indices ``[s_q, 1, topk]``
+        int32 (any values), one-element float32 scales, attn_sink ``[h_q]`` float32,
+        topk_length ``[s_q]`` int32 (any values, clamped to ``[0, topk]``), errors ``[1]``
+        int32, out ``[s_q, h_q, 512]`` bf16, max_logits and lse ``[s_q, h_q]`` float32; all
+        contiguous, ``h_q`` a multiple of 64, ``topk`` of 128, ``D_QK`` 512 or 576.
+        """
+        D_ROPE: gl.constexpr = D_QK - 512
+        head_blocks = h_q // _BLOCK_H
+        pid = gl.program_id(0)
+        token = (pid // head_blocks).to(gl.int64)
+        head_block = pid % head_blocks
+        head0 = head_block * _BLOCK_H
+
+        fp8_smem: gl.constexpr = gl.NVMMASharedLayout(128, 8)
+        rope_smem: gl.constexpr = gl.NVMMASharedLayout(64, 8)
+        v_smem: gl.constexpr = gl.NVMMASharedLayout(128, 16)
+        bar_smem: gl.constexpr = mbarrier.MBarrierLayout()
+        q_nope = gl.allocate_shared_memory(gl.float8e4nv, [_BLOCK_H, 512], fp8_smem)
+        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [_BLOCK_H, 64], rope_smem)
+        k_nope = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, _BLOCK_N, 512], fp8_smem)
+        k_rope = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, _BLOCK_N, 64], rope_smem)
+        v_f16 = gl.allocate_shared_memory(gl.float16, [2, _BLOCK_N, 256], v_smem)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
+        k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_smem)
+        k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_smem)
+        v_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
+        v_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
+        mbarrier.init(q_ready, count=1)
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_free.index(i), count=2)  # both consumers
+        for h in gl.static_range(2):
+            mbarrier.init(v_ready.index(h), count=1)
+            mbarrier.init(v_free.index(h), count=1)
+
+        kv_scale = gl.load(kv_scale_ptr)
+        # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
+        scale = (sm_scale * gl.load(q_scale_ptr) * kv_scale).to(gl.float32)
+        n_rows = topk
+        if HAS_TOPK_LENGTH:
+            requested = gl.load(topk_length_ptr + token)
+            n_rows = gl.maximum(gl.minimum(requested, topk), 0)
+            if HAS_ERRORS:
+                out_of_range = (requested < 0) | (requested > topk)
+                gl.atomic_add(errors_ptr, 1, mask=out_of_range & (head_block == 0))
+
+        # Q into shared memory by this (the first consumer's) warpgroup, then published to
+        # the other consumer; the proxy fence orders the generic stores before wgmma reads.
+        q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
+        q_rows = (token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, q_layout)))
+        q_cols = gl.arange(0, 512, gl.SliceLayout(0, q_layout))
+        q_nope.store(gl.load(q_ptr + gl.expand_dims(q_rows * D_QK, 1)
+                             + gl.expand_dims(q_cols, 0)))
+        if D_ROPE > 0:
+            rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+            r_rows = token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, rope_layout))
+            r_cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
+            q_rope.store(gl.load(q_ptr + gl.expand_dims(r_rows * D_QK, 1)
+                                 + gl.expand_dims(r_cols, 0)))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(q_ready)
+
+        gl.warp_specialize([
+            (_consumer, (0, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+                         token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
+                         q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
+                         v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, PIPELINE_QK)),
+            (_second_consumer, (indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+                                token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
+                                q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready,
+                                k_free, v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES,
+                                PIPELINE_QK)),
+            (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope,
+                         v_f16, k_ready, k_free, v_ready, v_free, D_QK, NUM_STAGES, LAG)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
+           max_logits, lse, topk_length_errors, num_stages=TUNING["num_stages"],
+           consumer_regs=TUNING["consumer_regs"], producer_regs=TUNING["producer_regs"],
+           max_regs=TUNING["max_regs"], pipeline_qk=TUNING["pipeline_qk"], lag=TUNING["lag"]):
+    """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both);
+    returns the compiled kernel."""
+    s_q, h_q, d_qk = q.shape
+    return sparse_mla_ws_kernel[(s_q * (h_q // BLOCK_H),)](
+        q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
+        out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2],
+        D_QK=d_qk, HAS_TOPK_LENGTH=topk_length is not None,
+        HAS_ATTN_SINK=attn_sink is not None, HAS_ERRORS=topk_length_errors is not None,
+        NUM_STAGES=num_stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
+        PIPELINE_QK=pipeline_qk, LAG=lag, num_warps=4, maxnreg=max_regs,
+    )
