@@ -5,9 +5,10 @@ mode (``do_bench`` median, L2 flushed) as TFLOPS (``2 * s_q * h_q * topk * (d_qk
 call) and as a fraction of the dense FP8 GEMM rate (``torch._scaled_mm`` at 8192³) measured in
 this run; the speed-up over the plain-PyTorch reference in float32; the relative L2 error of
 ``out`` against the float64 reference (and whether ``max_logits``/``lse`` are within the GPU
-tolerance); the compiled kernel's registers, spills and MMA instructions (FP8 and bf16
-``wgmma`` expected; an ``mma.sync`` means a product fell back to the slower path); and a sweep of
-the kernel's tuning knobs.
+tolerance); the compiled kernel's registers, spills and MMA instructions (FP8 and fp16/bf16
+``wgmma`` expected; an ``mma.sync`` means a product fell back to the slower path). "Ours" is
+the op's default: on an sm_90 GPU the warp-specialised Gluon kernel. The plain Triton kernel is
+measured too (TFLOPS and error), and both kernels' tuning knobs are swept at the first shape.
 
     python benchmarks/bench_sparse_mla_prefill.py --out benchmarks/results
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from strictops.meta import sparse_mla_prefill as contract
+from strictops.ops import _sparse_mla_gluon as ws
 from strictops.ops import sparse_mla_prefill as m
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
@@ -44,11 +46,15 @@ TARGET_TFLOPS = 400
 # Triton 3.6 miscompiles it for this kernel (compute-sanitizer: out-of-bounds __shared__
 # reads in the rope Q·Kᵀ wgmma; seen on the H200, benchmarks/results/2026-11-30-h200-s2/).
 TUNING = [{"num_warps": w, "num_stages": s, "block_n": n}
-          for w, s, n in [(4, 2, 64), (8, 3, 64), (8, 2, 32), (8, 2, 128)]]
+          for w, s, n in [(8, 3, 64), (8, 2, 32)]]
+# The Gluon kernel's variants (launch keywords of strictops.ops._sparse_mla_gluon.launch).
+WS_TUNING = [{"num_stages": 3, "lag": 2}, {"consumer_regs": 216, "producer_regs": 72},
+             {"consumer_regs": 232, "producer_regs": 40}]
 # Instructions that show which MMA each product compiled to.
 MMA_PATTERNS = {
     "wgmma_fp8": r"wgmma\.mma_async\S*\.e4m3\.e4m3",
     "wgmma_bf16": r"wgmma\.mma_async\S*\.bf16\.bf16",
+    "wgmma_f16": r"wgmma\.mma_async\S*\.f16\.f16",
     "mma_sync": r"\bmma\.sync\.",
 }
 
@@ -67,10 +73,31 @@ def tflops(shape, us: float) -> float:
 
 
 def _launch(args: dict, out: tuple, **tuning):
-    """One launch of the op's JIT kernel on validated ``args`` into ``out``; returns the
-    compiled kernel."""
+    """One launch of the Triton kernel on validated ``args`` into ``out``; returns the compiled
+    kernel."""
     return m._launch(m._sparse_mla_prefill_kernel, *(args[k] for k in m.INPUTS if k != "d_v"),
                      *out, None, **tuning)
+
+
+def _launch_ws(args: dict, out: tuple, **tuning):
+    """One launch of the Gluon kernel, likewise."""
+    return ws.launch(*(args[k] for k in m.INPUTS if k != "d_v"), *out, None, **tuning)
+
+
+def _sweep(shape, launch, call, outputs, variants, name) -> dict:
+    """TFLOPS of each variant (or the name of the exception it raised)."""
+    results = {}
+    for variant in variants:
+        key = name(variant)
+        try:
+            launch(call, outputs, **variant)
+        except Exception as exc:  # e.g. out of shared memory: a variant, not the op
+            results[key] = type(exc).__name__
+            continue
+        results[key] = tflops(shape, median_us(functools.partial(launch, call, outputs,
+                                                                 **variant)))
+        print(f"  {key}: {results[key]:.0f} TFLOPS", flush=True)
+    return results
 
 
 def kernel_facts(compiled) -> dict:
@@ -90,36 +117,43 @@ def measure(shape, gen: torch.Generator, gemm: float, tune: bool) -> dict:
     inputs = {k: call[k] for k in m.INPUTS}
 
     outputs = sparse_mla_q8kv8_prefill_fwd(**call)
+    triton_outputs = tuple(torch.empty_like(t) for t in outputs)
+    _launch(call, triton_outputs)
     expected = m.reference(**inputs)
     within, detail = m.compare_to_reference(outputs, expected, m.GPU_REL_L2_BOUND,
                                             m.GPU_LOGIT_TOL)
     rel_l2 = m.relative_l2(outputs[0], expected[0])
+    triton_rel_l2 = m.relative_l2(triton_outputs[0], expected[0])
     del expected  # 2 GiB of float64 at the large shapes
     torch.cuda.empty_cache()
 
+    gluon = m.warp_specialized(call["q"])
     ours_us = median_us(lambda: sparse_mla_q8kv8_prefill_fwd(**call))
-    print(f"{_name(shape)}: {ours_us:.0f} us = {tflops(shape, ours_us):.0f} TFLOPS, "
-          f"rel_l2 {rel_l2:.2e}, {kernel_facts(_launch(call, outputs))}", flush=True)
+    triton_us = median_us(functools.partial(_launch, call, triton_outputs))
+    facts = kernel_facts((_launch_ws if gluon else _launch)(call, outputs))
+    triton_facts = kernel_facts(_launch(call, triton_outputs))
+    print(f"{_name(shape)}: {ours_us:.0f} us = {tflops(shape, ours_us):.0f} TFLOPS "
+          f"({'Gluon' if gluon else 'Triton'} kernel), rel_l2 {rel_l2:.2e}, {facts}; "
+          f"Triton kernel {tflops(shape, triton_us):.0f} TFLOPS, rel_l2 {triton_rel_l2:.2e}",
+          flush=True)
     reference_us = median_us(functools.partial(m.reference, **inputs, dtype=torch.float32),
                              warmup=1, rep=1)
     tuning = {}
-    for variant in TUNING if tune else ():
-        try:
-            _launch(call, outputs, **variant)
-        except Exception as exc:  # e.g. out of shared memory: a variant, not the op
-            tuning[_variant_name(variant)] = type(exc).__name__
-            continue
-        tuning[_variant_name(variant)] = tflops(
-            shape, median_us(functools.partial(_launch, call, outputs, **variant)))
-        print(f"  {_variant_name(variant)}: {tuning[_variant_name(variant)]:.0f} TFLOPS",
-              flush=True)
+    if tune:
+        tuning = _sweep(shape, _launch, call, outputs, TUNING,
+                        lambda v: "triton " + _variant_name(v))
+        if gluon:
+            tuning |= _sweep(shape, _launch_ws, call, outputs, WS_TUNING,
+                             lambda v: "gluon " + ",".join(f"{k}={x}" for k, x in v.items()))
     ours = tflops(shape, ours_us)
     return dict(
-        shape=_name(shape), us=ours_us, TFLOPS=ours, fraction_of_fp8_gemm=ours / gemm,
+        shape=_name(shape), kernel="gluon" if gluon else "triton", us=ours_us, TFLOPS=ours,
+        fraction_of_fp8_gemm=ours / gemm, triton_kernel_TFLOPS=tflops(shape, triton_us),
         original_TFLOPS=ORIGINAL_TFLOPS.get(shape),
         spec_triton_TFLOPS=SPEC_TRITON_TFLOPS.get(shape), reference_fp32_us=reference_us,
-        speedup_vs_reference=reference_us / ours_us, rel_l2=rel_l2, within_tolerance=within,
-        check=detail, tuning_TFLOPS=tuning, **kernel_facts(_launch(call, outputs)),
+        speedup_vs_reference=reference_us / ours_us, rel_l2=rel_l2,
+        triton_kernel_rel_l2=triton_rel_l2, within_tolerance=within, check=detail,
+        tuning_TFLOPS=tuning, triton_kernel_facts=triton_facts, **facts,
     )
 
 
@@ -138,10 +172,11 @@ def main() -> None:
         torch.cuda.empty_cache()
         report.add(**measure(shape, gen, gemm, tune=n == 0))  # the sweep at the first shape
 
-    report.write(args.out, ["shape", "us", "TFLOPS", "fraction_of_fp8_gemm", "original_TFLOPS",
-                            "spec_triton_TFLOPS", "speedup_vs_reference", "rel_l2",
-                            "within_tolerance", "registers", "spills", "wgmma_fp8", "wgmma_bf16",
-                            "mma_sync"], plot=_plot)
+    report.write(args.out, ["shape", "kernel", "us", "TFLOPS", "fraction_of_fp8_gemm",
+                            "triton_kernel_TFLOPS", "original_TFLOPS", "speedup_vs_reference",
+                            "rel_l2", "triton_kernel_rel_l2", "within_tolerance", "registers",
+                            "spills", "wgmma_fp8", "wgmma_f16", "wgmma_bf16", "mma_sync"],
+                 plot=_plot)
     for r in report.rows:
         print(r["shape"], "tuning (TFLOPS):",
               ", ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
@@ -152,8 +187,8 @@ def main() -> None:
 
 
 def _plot(plt, report):
-    series = [("ours", "TFLOPS"), ("original CUTLASS (SPEC §2)", "original_TFLOPS"),
-              ("plain Triton (SPEC §2)", "spec_triton_TFLOPS")]
+    series = [("ours (op default)", "TFLOPS"), ("our Triton kernel", "triton_kernel_TFLOPS"),
+              ("original CUTLASS (SPEC §2)", "original_TFLOPS")]
     fig, ax = grouped_bars(plt, report, "shape", series, "sparse_mla_q8kv8_prefill_fwd",
                            "TFLOPS (median)", log=False)
     ax.axhline(report.ceilings["fp8_gemm_8192_TFLOPS"], color="k", linestyle="--",

@@ -41,7 +41,6 @@ try:
         fence_async_shared,
         mbarrier,
         warpgroup_mma,
-        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
     AVAILABLE = True
@@ -54,13 +53,15 @@ __all__ = ["AVAILABLE", "TUNING", "launch"]
 BLOCK_H = 64
 BLOCK_N = 64
 D_V = 512
-# Tuning, measured on the H200 (benchmarks/results/): stages of gathered blocks in shared
-# memory, registers per thread of the consumer and producer warpgroups (the kernel starts at
+# Tuning, measured on the H200 (benchmarks/results/2026-11-30-session3/): stages of gathered
+# blocks in shared memory, the producer's lag between issuing a block's copies and publishing
+# it, and registers per thread of the consumer and producer warpgroups (the kernel starts at
 # MAX_REGS for all 12 warps; 2 * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS must not exceed
-# 12 * 32 * MAX_REGS), and whether a consumer issues the next block's Q·Kᵀ before the current
-# block's softmax (FA3-style overlap; costs one more S accumulator in registers).
-TUNING = {"num_stages": 2, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168,
-          "pipeline_qk": False, "lag": 1}
+# 12 * 32 * MAX_REGS). 3 stages, a lag of 2 and 208-232 consumer registers all measured within
+# 1% of these at the SPEC shape (589 TFLOPS). Issuing the next block's Q·Kᵀ before the current
+# block's softmax (FA3's intra-warpgroup overlap) measured 451: it needs a second S
+# accumulator, which spills at this register budget.
+TUNING = {"num_stages": 2, "lag": 1, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
 
 if AVAILABLE:
     _BLOCK_H = gl.constexpr(BLOCK_H)
@@ -71,8 +72,8 @@ if AVAILABLE:
     def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,
                   k_nope, k_rope, v_f16, k_ready, k_free, v_ready, v_free,
                   D_QK: gl.constexpr, NUM_STAGES: gl.constexpr, LAG: gl.constexpr):
-        """Gather step ``i``'s rows into stage ``i % NUM_STAGES``, then (``LAG`` steps later,
-        when those copies have landed) publish the stage and convert its V part to fp16."""
+        """Gather step ``i``'s rows into stage ``i % NUM_STAGES``; ``LAG`` steps later, when
+        those copies have landed, publish the stage and convert its V part to fp16."""
         D_ROPE: gl.constexpr = D_QK - 512
         gl.static_assert(NUM_STAGES > LAG, "a stage is refilled only after it was converted")
         # 16 bytes (one cp.async) per thread and row segment; a warp covers 512 contiguous
@@ -121,6 +122,9 @@ if AVAILABLE:
                 fence_async_shared()
                 gl.thread_barrier()
                 mbarrier.arrive(k_ready.index(s))
+                # Each half has its own buffer and barriers, so one consumer running ahead is
+                # never held up by the other (one buffer for both measured 385 TFLOPS against
+                # 590 at the SPEC shape).
                 for h in gl.static_range(2):
                     mbarrier.wait(v_free.index(h), (p & 1) ^ 1)
                     for c in gl.static_range(4):
@@ -135,7 +139,7 @@ if AVAILABLE:
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                   q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
                   v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                  NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr):
+                  NUM_STAGES: gl.constexpr):
         """Attention of 64 heads over the gathered blocks, output columns
         ``[half * 256, half * 256 + 256)``; the ``half == 0`` consumer also writes
         ``max_logits`` and ``lse``."""
@@ -150,52 +154,24 @@ if AVAILABLE:
         m_i = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_layout)
         l_i = gl.zeros([_BLOCK_H], gl.float32, row_layout)
         acc = gl.zeros([_BLOCK_H, 256], gl.float32, o_layout)
-        if PIPELINE_QK:
-            acc = warpgroup_mma_init(acc)  # the loop carries it as an MMA in flight
         s_zero = gl.zeros([_BLOCK_H, _BLOCK_N], gl.float32, s_layout)
         cols = gl.arange(0, _BLOCK_N, gl.SliceLayout(0, s_layout))
         index_row = indices_ptr + token * topk
         n_steps = gl.cdiv(n_rows, _BLOCK_N)
         v_half = v_f16.index(half)
         mbarrier.wait(q_ready, 0)
-        if PIPELINE_QK:
-            if n_steps > 0:
-                mbarrier.wait(k_ready.index(0), 0)
-            s_next = warpgroup_mma(q_nope, k_nope.index(0).permute((1, 0)), s_zero,
-                                   use_acc=False, is_async=True)
-            if D_ROPE > 0:
-                s_next = warpgroup_mma(q_rope, k_rope.index(0).permute((1, 0)), s_next,
-                                       is_async=True)
         for i in range(n_steps):
             s = i % NUM_STAGES
-            if PIPELINE_QK:
-                # Outstanding, oldest first: S(i), then P·V(i - 1) (none before step 0).
-                # Wait for S(i) only.
-                if i == 0:
-                    sc = warpgroup_mma_wait(0, deps=(s_next, ))
-                else:
-                    sc = warpgroup_mma_wait(1, deps=(s_next, ))
-                mbarrier.arrive(k_free.index(s))
-                if i + 1 < n_steps:
-                    s1 = (i + 1) % NUM_STAGES
-                    mbarrier.wait(k_ready.index(s1), ((i + 1) // NUM_STAGES) & 1)
-                    s_next = warpgroup_mma(q_nope, k_nope.index(s1).permute((1, 0)), s_zero,
-                                           use_acc=False, is_async=True)
-                    if D_ROPE > 0:
-                        s_next = warpgroup_mma(q_rope, k_rope.index(s1).permute((1, 0)),
-                                               s_next, is_async=True)
-            else:
-                mbarrier.wait(k_ready.index(s), (i // NUM_STAGES) & 1)
-                st = warpgroup_mma(q_nope, k_nope.index(s).permute((1, 0)), s_zero,
-                                   use_acc=False, is_async=True)
-                if D_ROPE > 0:
-                    st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st,
-                                       is_async=True)
-                sc = warpgroup_mma_wait(0, deps=(st, ))
-                mbarrier.arrive(k_free.index(s))
-            j = i * _BLOCK_N + cols
+            mbarrier.wait(k_ready.index(s), (i // NUM_STAGES) & 1)
+            st = warpgroup_mma(q_nope, k_nope.index(s).permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
+            if D_ROPE > 0:
+                st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
+            j = i * _BLOCK_N + cols  # the index loads overlap the MMA
             idx = gl.load(index_row + j, mask=j < n_rows, other=-1)
             valid = (idx >= 0) & (idx < s_kv)
+            sc = warpgroup_mma_wait(0, deps=(st, ))
+            mbarrier.arrive(k_free.index(s))
             sc = gl.where(gl.expand_dims(valid, 0), sc * scale, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(sc, 1))
             # While every row so far was invalid the max is -inf; subtracting 0 instead keeps
@@ -205,26 +181,12 @@ if AVAILABLE:
             pr = gl.exp2((sc - gl.expand_dims(m_ref, 1)) * LOG2E)
             l_i = l_i * alpha + gl.sum(pr, 1)
             m_i = m_new
-            p = gl.convert_layout(pr.to(gl.float16), p_layout)
-            if PIPELINE_QK:
-                # P·V(i - 1) (none at step 0) was issued before S(i + 1): waiting for all but
-                # the newest group finishes it.
-                # On the last step nothing newer was issued: wait for everything first (the
-                # loop must not change acc's type inside a branch).
-                if i + 1 >= n_steps:
-                    warpgroup_mma_wait(0, deps=(s_next, ))
-                acc = warpgroup_mma_wait(1, deps=(acc, ))
-                mbarrier.arrive(v_free.index(half), pred=i > 0)
+            p = gl.convert_layout(pr.to(gl.float16), p_layout)  # in registers, no shuffle
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
             mbarrier.wait(v_ready.index(half), i & 1)
             acc = warpgroup_mma(p, v_half, acc, is_async=True)
-            if not PIPELINE_QK:
-                acc = warpgroup_mma_wait(0, deps=(acc, ))
-                mbarrier.arrive(v_free.index(half))
-        if PIPELINE_QK:
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            if n_steps > 0:
-                mbarrier.arrive(v_free.index(half))
+            mbarrier.arrive(v_free.index(half))
 
         seen = l_i > 0  # at least one valid row: its own term is exp(0) = 1
         l_safe = gl.where(seen, l_i, 1.0)
@@ -249,11 +211,11 @@ if AVAILABLE:
                          token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                          q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
                          v_ready, v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr):
+                         NUM_STAGES: gl.constexpr):
         _consumer(1, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                   q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
-                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, PIPELINE_QK)
+                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)
 
     @gluon.jit
     def sparse_mla_ws_kernel(
@@ -279,7 +241,6 @@ if AVAILABLE:
         NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
-        PIPELINE_QK: gl.constexpr,
         LAG: gl.constexpr,
     ):
         """Attention of one token and 64 heads (CTA ``pid``: token ``pid // (h_q // 64)``).
@@ -352,12 +313,11 @@ if AVAILABLE:
             (_consumer, (0, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                          token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                          q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
-                         v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, PIPELINE_QK)),
+                         v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)),
             (_second_consumer, (indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                                 token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                                 q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready,
-                                k_free, v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES,
-                                PIPELINE_QK)),
+                                k_free, v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)),
             (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope,
                          v_f16, k_ready, k_free, v_ready, v_free, D_QK, NUM_STAGES, LAG)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
@@ -366,7 +326,7 @@ if AVAILABLE:
 def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
            max_logits, lse, topk_length_errors, num_stages=TUNING["num_stages"],
            consumer_regs=TUNING["consumer_regs"], producer_regs=TUNING["producer_regs"],
-           max_regs=TUNING["max_regs"], pipeline_qk=TUNING["pipeline_qk"], lag=TUNING["lag"]):
+           max_regs=TUNING["max_regs"], lag=TUNING["lag"]):
     """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both);
     returns the compiled kernel."""
     s_q, h_q, d_qk = q.shape
@@ -376,5 +336,5 @@ def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, 
         D_QK=d_qk, HAS_TOPK_LENGTH=topk_length is not None,
         HAS_ATTN_SINK=attn_sink is not None, HAS_ERRORS=topk_length_errors is not None,
         NUM_STAGES=num_stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
-        PIPELINE_QK=pipeline_qk, LAG=lag, num_warps=4, maxnreg=max_regs,
+        LAG=lag, num_warps=4, maxnreg=max_regs,
     )

@@ -2,7 +2,8 @@
 
     compute-sanitizer --tool memcheck python3 tests/adversarial_sparse_mla_prefill.py
 
-Every variant of the kernel: both head dims (512, 576), one and two head blocks (h_q 64, 128),
+Both kernels (on an sm_90 GPU the warp-specialised Gluon kernel, then the Triton one; elsewhere
+the Triton one) and every variant of each: both head dims (512, 576), one and two head blocks (h_q 64, 128),
 and each optional-argument combination: none, ``topk_length``, ``topk_length`` with
 ``attn_sink``; each with the device-side error counter and without it. Index values: -1,
 ``s_kv`` and just past it, INT32_MAX / INT32_MIN, every index of a token invalid, duplicates.
@@ -46,14 +47,25 @@ def _check(args: dict, outputs, what) -> None:
 
 
 def main() -> None:
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    cases = 0
+    hopper = op.warp_specialized(torch.empty(0, device="cuda"))
+    kernels = ["gluon", "triton"] if hopper else ["triton"]
+    for kernel in kernels:
+        op.KERNEL = kernel
+        cases += _run_every_variant(torch.Generator(device="cuda").manual_seed(0), kernel)
+    torch.cuda.synchronize()
+    print(f"adversarial_sparse_mla_prefill: {cases} calls ({', '.join(kernels)} kernels), all "
+          f"within tolerance of the reference")
+
+
+def _run_every_variant(gen: torch.Generator, kernel: str) -> int:
     cases = 0
     for d_qk in contract.D_QKS:
         for h_q, topk in ((64, 128), (128, 256)):
             bad_lengths = [-1, topk + 1, I32_MAX, I32_MIN]
             for variant, (with_topk_length, _) in VARIANTS.items():
                 for counter in (True, False):
-                    what = (d_qk, h_q, variant, "counter" if counter else "no counter")
+                    what = (kernel, d_qk, h_q, variant, "counter" if counter else "no counter")
                     args = _inputs(gen, d_qk, h_q, topk, variant, counter)
                     if not with_topk_length:  # a counter without lengths counts nothing
                         _check(args, sparse_mla_q8kv8_prefill_fwd(**args), what)
@@ -68,8 +80,7 @@ def main() -> None:
                         graph.replay()
                         _check(args, outputs, what)
                     cases += 1
-    torch.cuda.synchronize()
-    print(f"adversarial_sparse_mla_prefill: {cases} calls, all within tolerance of the reference")
+    return cases
 
 
 if __name__ == "__main__":
