@@ -61,7 +61,8 @@ D_V = 512
 # 1% of these at the SPEC shape (589 TFLOPS). Issuing the next block's Q·Kᵀ before the current
 # block's softmax (FA3's intra-warpgroup overlap) measured 451: it needs a second S
 # accumulator, which spills at this register budget.
-TUNING = {"num_stages": 2, "lag": 1, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
+TUNING = {"num_stages": 2, "lag": 1, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168,
+          "consumers_convert": False}
 
 if AVAILABLE:
     _BLOCK_H = gl.constexpr(BLOCK_H)
@@ -71,7 +72,8 @@ if AVAILABLE:
     @gluon.jit
     def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,
                   k_nope, k_rope, v_f16, k_ready, k_free, v_ready, v_free,
-                  D_QK: gl.constexpr, NUM_STAGES: gl.constexpr, LAG: gl.constexpr):
+                  D_QK: gl.constexpr, NUM_STAGES: gl.constexpr, LAG: gl.constexpr,
+                  CONVERT: gl.constexpr):
         """Gather step ``i``'s rows into stage ``i % NUM_STAGES``; ``LAG`` steps later, when
         those copies have landed, publish the stage and convert its V part to fp16."""
         D_ROPE: gl.constexpr = D_QK - 512
@@ -123,9 +125,8 @@ if AVAILABLE:
                 gl.thread_barrier()
                 mbarrier.arrive(k_ready.index(s))
                 # Each half has its own buffer and barriers, so one consumer running ahead is
-                # never held up by the other (one buffer for both measured 385 TFLOPS against
-                # 590 at the SPEC shape).
-                for h in gl.static_range(2):
+                # not held up by the other.
+                for h in gl.static_range(2 if CONVERT else 0):
                     mbarrier.wait(v_free.index(h), (p & 1) ^ 1)
                     for c in gl.static_range(4):
                         x = k_nope.index(s).slice(h * 256 + c * 64, 64, dim=1).load(conv_layout)
@@ -139,7 +140,7 @@ if AVAILABLE:
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                   q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
                   v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                  NUM_STAGES: gl.constexpr):
+                  NUM_STAGES: gl.constexpr, CONVERTS: gl.constexpr):
         """Attention of 64 heads over the gathered blocks, output columns
         ``[half * 256, half * 256 + 256)``; the ``half == 0`` consumer also writes
         ``max_logits`` and ``lse``."""
@@ -150,6 +151,7 @@ if AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(0, o_layout, 2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+        conv_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
 
         m_i = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_layout)
         l_i = gl.zeros([_BLOCK_H], gl.float32, row_layout)
@@ -167,6 +169,14 @@ if AVAILABLE:
                                is_async=True)
             if D_ROPE > 0:
                 st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
+            if CONVERTS:
+                # This consumer's V half to fp16 while the tensor cores run Q·Kᵀ (both only
+                # read the stage). Its previous P·V has completed: the buffer is free.
+                for c in gl.static_range(4):
+                    x = k_nope.index(s).slice(half * 256 + c * 64, 64, dim=1).load(conv_layout)
+                    v_half.slice(c * 64, 64, dim=1).store(x.to(gl.float16))
+                fence_async_shared()
+                gl.thread_barrier()
             j = i * _BLOCK_N + cols  # the index loads overlap the MMA
             idx = gl.load(index_row + j, mask=j < n_rows, other=-1)
             valid = (idx >= 0) & (idx < s_kv)
@@ -183,10 +193,12 @@ if AVAILABLE:
             m_i = m_new
             p = gl.convert_layout(pr.to(gl.float16), p_layout)  # in registers, no shuffle
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
-            mbarrier.wait(v_ready.index(half), i & 1)
+            if not CONVERTS:
+                mbarrier.wait(v_ready.index(half), i & 1)
             acc = warpgroup_mma(p, v_half, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.arrive(v_free.index(half))
+            if not CONVERTS:
+                mbarrier.arrive(v_free.index(half))
 
         seen = l_i > 0  # at least one valid row: its own term is exp(0) = 1
         l_safe = gl.where(seen, l_i, 1.0)
@@ -211,11 +223,11 @@ if AVAILABLE:
                          token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                          q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
                          v_ready, v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                         NUM_STAGES: gl.constexpr):
+                         NUM_STAGES: gl.constexpr, CONVERTS: gl.constexpr):
         _consumer(1, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                   q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
-                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)
+                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, CONVERTS)
 
     @gluon.jit
     def sparse_mla_ws_kernel(
@@ -242,6 +254,7 @@ if AVAILABLE:
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
         LAG: gl.constexpr,
+        CONSUMERS_CONVERT: gl.constexpr,
     ):
         """Attention of one token and 64 heads (CTA ``pid``: token ``pid // (h_q // 64)``).
 
@@ -313,28 +326,34 @@ if AVAILABLE:
             (_consumer, (0, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                          token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                          q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
-                         v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)),
+                         v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES,
+                         CONSUMERS_CONVERT)),
             (_second_consumer, (indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                                 token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                                 q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready,
-                                k_free, v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)),
+                                k_free, v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES,
+                                CONSUMERS_CONVERT)),
             (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope,
-                         v_f16, k_ready, k_free, v_ready, v_free, D_QK, NUM_STAGES, LAG)),
+                         v_f16, k_ready, k_free, v_ready, v_free, D_QK, NUM_STAGES, LAG,
+                         not CONSUMERS_CONVERT)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
-           max_logits, lse, topk_length_errors, num_stages=TUNING["num_stages"],
-           consumer_regs=TUNING["consumer_regs"], producer_regs=TUNING["producer_regs"],
-           max_regs=TUNING["max_regs"], lag=TUNING["lag"]):
+           max_logits, lse, topk_length_errors, **tuning):
     """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both);
-    returns the compiled kernel."""
+    ``tuning`` overrides entries of ``TUNING``. Returns the compiled kernel."""
+    unknown = set(tuning) - set(TUNING)
+    if unknown:
+        raise TypeError(f"unknown tuning keys {sorted(unknown)}; expected some of {sorted(TUNING)}")
+    t = TUNING | tuning
     s_q, h_q, d_qk = q.shape
     return sparse_mla_ws_kernel[(s_q * (h_q // BLOCK_H),)](
         q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
         out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2],
         D_QK=d_qk, HAS_TOPK_LENGTH=topk_length is not None,
         HAS_ATTN_SINK=attn_sink is not None, HAS_ERRORS=topk_length_errors is not None,
-        NUM_STAGES=num_stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
-        LAG=lag, num_warps=4, maxnreg=max_regs,
+        NUM_STAGES=t["num_stages"], CONSUMER_REGS=t["consumer_regs"],
+        PRODUCER_REGS=t["producer_regs"], LAG=t["lag"], CONSUMERS_CONVERT=t["consumers_convert"],
+        num_warps=4, maxnreg=t["max_regs"],
     )

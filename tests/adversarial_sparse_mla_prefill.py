@@ -1,6 +1,6 @@
 """Drive the op with adversarial index and length values, for compute-sanitizer (.ci/gpu).
 
-    compute-sanitizer --tool memcheck python3 tests/adversarial_sparse_mla_prefill.py
+    compute-sanitizer --tool memcheck python3 tests/adversarial_sparse_mla_prefill.py [KERNEL...]
 
 Both kernels (on an sm_90 GPU the warp-specialised Gluon kernel, then the Triton one; elsewhere
 the Triton one) and every variant of each: both head dims (512, 576), one and two head blocks (h_q 64, 128),
@@ -14,6 +14,8 @@ are exact-size allocations, so a read past either end is an out-of-bounds access
 reports. Every call must match the float64 reference within the GPU tolerance and count
 exactly the out-of-range lengths.
 """
+
+import sys
 
 import torch
 
@@ -49,10 +51,15 @@ def _check(args: dict, outputs, what) -> None:
 def main() -> None:
     cases = 0
     hopper = op.warp_specialized(torch.empty(0, device="cuda"))
-    kernels = ["gluon", "triton"] if hopper else ["triton"]
+    # The Gluon kernel with V converted by its producer and by its consumers (a tuning choice).
+    kernels = ["gluon", "gluon-consumers-convert", "triton"] if hopper else ["triton"]
+    kernels = [k for k in kernels if k in sys.argv[1:]] or kernels  # e.g. only the Gluon ones
+    ws_tuning = dict(op._sparse_mla_gluon.TUNING)
     for kernel in kernels:
-        op.KERNEL = kernel
+        op.KERNEL = kernel.split("-")[0]
+        op._sparse_mla_gluon.TUNING.update(ws_tuning, consumers_convert=kernel.endswith("convert"))
         cases += _run_every_variant(torch.Generator(device="cuda").manual_seed(0), kernel)
+    op._sparse_mla_gluon.TUNING.update(ws_tuning)
     torch.cuda.synchronize()
     print(f"adversarial_sparse_mla_prefill: {cases} calls ({', '.join(kernels)} kernels), all "
           f"within tolerance of the reference")
