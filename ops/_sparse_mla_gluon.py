@@ -62,7 +62,7 @@ D_V = 512
 # block's softmax (FA3's intra-warpgroup overlap) measured 451: it needs a second S
 # accumulator, which spills at this register budget.
 TUNING = {"num_stages": 2, "lag": 1, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168,
-          "consumers_convert": False}
+          "lazy_rescale": False}
 
 if AVAILABLE:
     _BLOCK_H = gl.constexpr(BLOCK_H)
@@ -72,8 +72,7 @@ if AVAILABLE:
     @gluon.jit
     def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,
                   k_nope, k_rope, v_f16, k_ready, k_free, v_ready, v_free,
-                  D_QK: gl.constexpr, NUM_STAGES: gl.constexpr, LAG: gl.constexpr,
-                  CONVERT: gl.constexpr):
+                  D_QK: gl.constexpr, NUM_STAGES: gl.constexpr, LAG: gl.constexpr):
         """Gather step ``i``'s rows into stage ``i % NUM_STAGES``; ``LAG`` steps later, when
         those copies have landed, publish the stage and convert its V part to fp16."""
         D_ROPE: gl.constexpr = D_QK - 512
@@ -126,7 +125,7 @@ if AVAILABLE:
                 mbarrier.arrive(k_ready.index(s))
                 # Each half has its own buffer and barriers, so one consumer running ahead is
                 # not held up by the other.
-                for h in gl.static_range(2 if CONVERT else 0):
+                for h in gl.static_range(2):
                     mbarrier.wait(v_free.index(h), (p & 1) ^ 1)
                     for c in gl.static_range(4):
                         x = k_nope.index(s).slice(h * 256 + c * 64, 64, dim=1).load(conv_layout)
@@ -140,7 +139,7 @@ if AVAILABLE:
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                   q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
                   v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                  NUM_STAGES: gl.constexpr, CONVERTS: gl.constexpr):
+                  NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr):
         """Attention of 64 heads over the gathered blocks, output columns
         ``[half * 256, half * 256 + 256)``; the ``half == 0`` consumer also writes
         ``max_logits`` and ``lse``."""
@@ -151,9 +150,10 @@ if AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(0, o_layout, 2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-        conv_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
 
         m_i = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_layout)
+        m_true = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_layout)
+        RESCALE_ABOVE: gl.constexpr = 8 / LOG2E  # 2**8 in natural units
         l_i = gl.zeros([_BLOCK_H], gl.float32, row_layout)
         acc = gl.zeros([_BLOCK_H, 256], gl.float32, o_layout)
         s_zero = gl.zeros([_BLOCK_H, _BLOCK_N], gl.float32, s_layout)
@@ -169,36 +169,45 @@ if AVAILABLE:
                                is_async=True)
             if D_ROPE > 0:
                 st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
-            if CONVERTS:
-                # This consumer's V half to fp16 while the tensor cores run Q·Kᵀ (both only
-                # read the stage). Its previous P·V has completed: the buffer is free.
-                for c in gl.static_range(4):
-                    x = k_nope.index(s).slice(half * 256 + c * 64, 64, dim=1).load(conv_layout)
-                    v_half.slice(c * 64, 64, dim=1).store(x.to(gl.float16))
-                fence_async_shared()
-                gl.thread_barrier()
             j = i * _BLOCK_N + cols  # the index loads overlap the MMA
             idx = gl.load(index_row + j, mask=j < n_rows, other=-1)
             valid = (idx >= 0) & (idx < s_kv)
             sc = warpgroup_mma_wait(0, deps=(st, ))
             mbarrier.arrive(k_free.index(s))
             sc = gl.where(gl.expand_dims(valid, 0), sc * scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, 1))
-            # While every row so far was invalid the max is -inf; subtracting 0 instead keeps
-            # exp(-inf - m) at 0 rather than NaN.
-            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2((m_i - m_ref) * LOG2E)
-            pr = gl.exp2((sc - gl.expand_dims(m_ref, 1)) * LOG2E)
-            l_i = l_i * alpha + gl.sum(pr, 1)
-            m_i = m_new
-            p = gl.convert_layout(pr.to(gl.float16), p_layout)  # in registers, no shuffle
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
-            if not CONVERTS:
-                mbarrier.wait(v_ready.index(half), i & 1)
+            if LAZY_RESCALE:
+                # m_i is the reference the exponentials subtract, moved only when a block's
+                # max passes it by more than RESCALE_ABOVE (P then stays below 2**8, exact
+                # enough in fp16), so that most steps skip the 128 multiplies per thread of
+                # acc's rescale; m_true is the max reported as max_logits.
+                m_blk = gl.max(sc, 1)
+                m_true = gl.maximum(m_true, m_blk)
+                grow = m_blk > m_i + RESCALE_ABOVE  # false while both are -inf
+                m_next = gl.where(grow, m_blk, m_i)
+                alpha = gl.where(grow, gl.exp2((m_i - m_next) * LOG2E), 1.0)
+                m_i = m_next
+                m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)
+                pr = gl.exp2((sc - gl.expand_dims(m_ref, 1)) * LOG2E)
+                l_i = l_i * alpha + gl.sum(pr, 1)
+                p = gl.convert_layout(pr.to(gl.float16), p_layout)
+                if gl.max(grow.to(gl.int32), 0) > 0:
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
+            else:
+                m_new = gl.maximum(m_i, gl.max(sc, 1))
+                # While every row so far was invalid the max is -inf; subtracting 0 instead
+                # keeps exp(-inf - m) at 0 rather than NaN.
+                m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2((m_i - m_ref) * LOG2E)
+                pr = gl.exp2((sc - gl.expand_dims(m_ref, 1)) * LOG2E)
+                l_i = l_i * alpha + gl.sum(pr, 1)
+                m_i = m_new
+                m_true = m_i
+                p = gl.convert_layout(pr.to(gl.float16), p_layout)  # in registers, no shuffle
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
+            mbarrier.wait(v_ready.index(half), i & 1)
             acc = warpgroup_mma(p, v_half, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            if not CONVERTS:
-                mbarrier.arrive(v_free.index(half))
+            mbarrier.arrive(v_free.index(half))
 
         seen = l_i > 0  # at least one valid row: its own term is exp(0) = 1
         l_safe = gl.where(seen, l_i, 1.0)
@@ -210,7 +219,7 @@ if AVAILABLE:
             weight = weight / (1.0 + gl.exp(gl.load(attn_sink_ptr + heads) - lse))
         row_of_head = token * h_q + heads
         if half == 0:
-            gl.store(max_logits_ptr + row_of_head, m_i)
+            gl.store(max_logits_ptr + row_of_head, m_true)
             gl.store(lse_ptr + row_of_head, lse)
         out = acc * gl.expand_dims(gl.convert_layout(weight, orow_layout), 1)
         out_rows = gl.convert_layout(row_of_head, orow_layout)
@@ -223,11 +232,11 @@ if AVAILABLE:
                          token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                          q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
                          v_ready, v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, CONVERTS: gl.constexpr):
+                         NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr):
         _consumer(1, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                   q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
-                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, CONVERTS)
+                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, LAZY_RESCALE)
 
     @gluon.jit
     def sparse_mla_ws_kernel(
@@ -254,7 +263,7 @@ if AVAILABLE:
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
         LAG: gl.constexpr,
-        CONSUMERS_CONVERT: gl.constexpr,
+        LAZY_RESCALE: gl.constexpr,
     ):
         """Attention of one token and 64 heads (CTA ``pid``: token ``pid // (h_q // 64)``).
 
@@ -327,15 +336,14 @@ if AVAILABLE:
                          token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                          q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
                          v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES,
-                         CONSUMERS_CONVERT)),
+                         LAZY_RESCALE)),
             (_second_consumer, (indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                                 token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                                 q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready,
                                 k_free, v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES,
-                                CONSUMERS_CONVERT)),
+                                LAZY_RESCALE)),
             (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope,
-                         v_f16, k_ready, k_free, v_ready, v_free, D_QK, NUM_STAGES, LAG,
-                         not CONSUMERS_CONVERT)),
+                         v_f16, k_ready, k_free, v_ready, v_free, D_QK, NUM_STAGES, LAG)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -354,6 +362,6 @@ def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, 
         D_QK=d_qk, HAS_TOPK_LENGTH=topk_length is not None,
         HAS_ATTN_SINK=attn_sink is not None, HAS_ERRORS=topk_length_errors is not None,
         NUM_STAGES=t["num_stages"], CONSUMER_REGS=t["consumer_regs"],
-        PRODUCER_REGS=t["producer_regs"], LAG=t["lag"], CONSUMERS_CONVERT=t["consumers_convert"],
+        PRODUCER_REGS=t["producer_regs"], LAG=t["lag"], LAZY_RESCALE=t["lazy_rescale"],
         num_warps=4, maxnreg=t["max_regs"],
     )
