@@ -21,6 +21,13 @@ with the other's products. P·V runs in fp16 rather than bf16 or FP8: every e4m3
 in fp16, the conversion is one instruction per two values (bf16 takes three, and measured
 32% slower), and P keeps 11 significant bits (bf16: 8, FP8: 4).
 
+What limits it (ncu at the SPEC shape, ``ncu-sparse_mla_prefill.txt``): one CTA per SM (176 KiB
+of shared memory, 12 warps), so each scheduler holds 3 warps, one from each warpgroup, and
+issues in a third of the cycles; the tensor pipe is 40% busy. Taking parts out one at a time
+(``h200-sparse-gluon-ablation.json``, this kernel's first version, one V buffer for both
+halves, 385 TFLOPS): without the V conversion it took 16% less time, without the gather 14%
+less, and Q·Kᵀ with the softmax alone 60% of it.
+
 Synchronisation is by mbarriers in shared memory: ``k_ready``/``k_free`` for the
 ``NUM_STAGES`` gathered blocks, and ``v_ready``/``v_free`` per consumer half for the fp16 V
 block. Registers are moved from the producer to the consumers with ``setmaxnreg``
@@ -57,12 +64,12 @@ D_V = 512
 # blocks in shared memory, the producer's lag between issuing a block's copies and publishing
 # it, and registers per thread of the consumer and producer warpgroups (the kernel starts at
 # MAX_REGS for all 12 warps; 2 * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS must not exceed
-# 12 * 32 * MAX_REGS). 3 stages, a lag of 2 and 208-232 consumer registers all measured within
-# 1% of these at the SPEC shape (589 TFLOPS). Issuing the next block's Q·Kᵀ before the current
-# block's softmax (FA3's intra-warpgroup overlap) measured 451: it needs a second S
-# accumulator, which spills at this register budget.
-TUNING = {"num_stages": 2, "lag": 1, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168,
-          "lazy_rescale": False}
+# 12 * 32 * MAX_REGS). At the SPEC shape these give 391-394 TFLOPS; 3 stages with a lag of 2
+# measured 395-397, 216/72 registers 393, 232/40 381. Measured and dropped: the consumers
+# converting their own V half while Q·Kᵀ runs (377), issuing the next block's Q·Kᵀ before the
+# current softmax as FA3 does (0.77 of these; its second S accumulator spills), and rescaling
+# the accumulator only when the max grows by more than 2**8 (387).
+TUNING = {"num_stages": 2, "lag": 1, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
 
 if AVAILABLE:
     _BLOCK_H = gl.constexpr(BLOCK_H)
@@ -139,7 +146,7 @@ if AVAILABLE:
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                   q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
                   v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                  NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+                  NUM_STAGES: gl.constexpr):
         """Attention of 64 heads over the gathered blocks, output columns
         ``[half * 256, half * 256 + 256)``; the ``half == 0`` consumer also writes
         ``max_logits`` and ``lse``."""
@@ -152,8 +159,6 @@ if AVAILABLE:
         orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
 
         m_i = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_layout)
-        m_true = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_layout)
-        RESCALE_ABOVE: gl.constexpr = 8 / LOG2E  # 2**8 in natural units
         l_i = gl.zeros([_BLOCK_H], gl.float32, row_layout)
         acc = gl.zeros([_BLOCK_H, 256], gl.float32, o_layout)
         s_zero = gl.zeros([_BLOCK_H, _BLOCK_N], gl.float32, s_layout)
@@ -175,35 +180,16 @@ if AVAILABLE:
             sc = warpgroup_mma_wait(0, deps=(st, ))
             mbarrier.arrive(k_free.index(s))
             sc = gl.where(gl.expand_dims(valid, 0), sc * scale, float("-inf"))
-            if LAZY_RESCALE:
-                # m_i is the reference the exponentials subtract, moved only when a block's
-                # max passes it by more than RESCALE_ABOVE (P then stays below 2**8, exact
-                # enough in fp16), so that most steps skip the 128 multiplies per thread of
-                # acc's rescale; m_true is the max reported as max_logits.
-                m_blk = gl.max(sc, 1)
-                m_true = gl.maximum(m_true, m_blk)
-                grow = m_blk > m_i + RESCALE_ABOVE  # false while both are -inf
-                m_next = gl.where(grow, m_blk, m_i)
-                alpha = gl.where(grow, gl.exp2((m_i - m_next) * LOG2E), 1.0)
-                m_i = m_next
-                m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)
-                pr = gl.exp2((sc - gl.expand_dims(m_ref, 1)) * LOG2E)
-                l_i = l_i * alpha + gl.sum(pr, 1)
-                p = gl.convert_layout(pr.to(gl.float16), p_layout)
-                if gl.max(grow.to(gl.int32), 0) > 0:
-                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
-            else:
-                m_new = gl.maximum(m_i, gl.max(sc, 1))
-                # While every row so far was invalid the max is -inf; subtracting 0 instead
-                # keeps exp(-inf - m) at 0 rather than NaN.
-                m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2((m_i - m_ref) * LOG2E)
-                pr = gl.exp2((sc - gl.expand_dims(m_ref, 1)) * LOG2E)
-                l_i = l_i * alpha + gl.sum(pr, 1)
-                m_i = m_new
-                m_true = m_i
-                p = gl.convert_layout(pr.to(gl.float16), p_layout)  # in registers, no shuffle
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
+            m_new = gl.maximum(m_i, gl.max(sc, 1))
+            # While every row so far was invalid the max is -inf; subtracting 0 instead keeps
+            # exp(-inf - m) at 0 rather than NaN.
+            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2((m_i - m_ref) * LOG2E)
+            pr = gl.exp2((sc - gl.expand_dims(m_ref, 1)) * LOG2E)
+            l_i = l_i * alpha + gl.sum(pr, 1)
+            m_i = m_new
+            p = gl.convert_layout(pr.to(gl.float16), p_layout)  # in registers, no shuffle
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
             mbarrier.wait(v_ready.index(half), i & 1)
             acc = warpgroup_mma(p, v_half, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
@@ -219,7 +205,7 @@ if AVAILABLE:
             weight = weight / (1.0 + gl.exp(gl.load(attn_sink_ptr + heads) - lse))
         row_of_head = token * h_q + heads
         if half == 0:
-            gl.store(max_logits_ptr + row_of_head, m_true)
+            gl.store(max_logits_ptr + row_of_head, m_i)
             gl.store(lse_ptr + row_of_head, lse)
         out = acc * gl.expand_dims(gl.convert_layout(weight, orow_layout), 1)
         out_rows = gl.convert_layout(row_of_head, orow_layout)
@@ -232,11 +218,11 @@ if AVAILABLE:
                          token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                          q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
                          v_ready, v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+                         NUM_STAGES: gl.constexpr):
         _consumer(1, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                   q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
-                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, LAZY_RESCALE)
+                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)
 
     @gluon.jit
     def sparse_mla_ws_kernel(
@@ -263,7 +249,6 @@ if AVAILABLE:
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
         LAG: gl.constexpr,
-        LAZY_RESCALE: gl.constexpr,
     ):
         """Attention of one token and 64 heads (CTA ``pid``: token ``pid // (h_q // 64)``).
 
@@ -335,13 +320,11 @@ if AVAILABLE:
             (_consumer, (0, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                          token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                          q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
-                         v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES,
-                         LAZY_RESCALE)),
+                         v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)),
             (_second_consumer, (indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                                 token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
                                 q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready,
-                                k_free, v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES,
-                                LAZY_RESCALE)),
+                                k_free, v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)),
             (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope,
                          v_f16, k_ready, k_free, v_ready, v_free, D_QK, NUM_STAGES, LAG)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
@@ -362,6 +345,6 @@ def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, 
         D_QK=d_qk, HAS_TOPK_LENGTH=topk_length is not None,
         HAS_ATTN_SINK=attn_sink is not None, HAS_ERRORS=topk_length_errors is not None,
         NUM_STAGES=t["num_stages"], CONSUMER_REGS=t["consumer_regs"],
-        PRODUCER_REGS=t["producer_regs"], LAG=t["lag"], LAZY_RESCALE=t["lazy_rescale"],
+        PRODUCER_REGS=t["producer_regs"], LAG=t["lag"],
         num_warps=4, maxnreg=t["max_regs"],
     )
