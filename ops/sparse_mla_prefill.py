@@ -14,6 +14,15 @@ outputs it allocated (none, some or all three): a custom op may not return its i
 allocating inside the op is what keeps "validate, then allocate" true for a call that passes
 some buffers and not others.
 
+Two kernels (``KERNEL``, ``warp_specialized``): on an sm_90 GPU the warp-specialised Gluon
+kernel of ``strictops.ops._sparse_mla_gluon`` (391 TFLOPS at the SPEC shape on the H200,
+against 260 for the Triton kernel here), everywhere else the Triton kernel below (other GPUs,
+the Triton interpreter, tracing without a GPU). Inductor cannot compile a Gluon kernel from a
+``wrap_triton`` launch, so a traced call of the Gluon path records an opaque op,
+``strictops_kernels::sparse_mla_ws_launch``, after the contract has run in this op's body;
+an eager call launches it directly. The choice is a trace-time constant of the device, never
+of a size.
+
 Semantics, for token ``t`` and head ``h``, over the valid selected rows ``j`` (``0 <= idx_j <
 s_kv``, and ``j < topk_length[t]`` when given)::
 
