@@ -46,6 +46,7 @@ added to it on the device, to read whenever convenient.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import torch
@@ -256,7 +257,14 @@ def warp_specialized(q: torch.Tensor) -> bool:
         return False
     if KERNEL == "gluon":  # also on fake CUDA tensors without a GPU: CI traces this path
         return True
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(q.device) == (9, 0)
+    return torch.cuda.is_available() and _is_sm90(q.get_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(device_index: int) -> bool:
+    """Whether CUDA device ``device_index`` is a Hopper (sm_90); asked once per device, as
+    every eager call asks it."""
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
 def _launch_warp_specialized(q, *args):

@@ -452,6 +452,26 @@ def test_out_of_range_topk_lengths_are_clamped_and_counted_once_per_token():
 # GPU
 
 
+@pytest.mark.parametrize("capability, expected", [((9, 0), True), ((8, 0), False),
+                                                   ((10, 0), False)])
+def test_auto_picks_the_gluon_kernel_on_sm90_devices_only(capability, expected, monkeypatch):
+    """The kernel choice on fake CUDA tensors of a device of each capability; asked once
+    per device index."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda index: asked.append(index) or capability)
+    op._is_sm90.cache_clear()
+    try:
+        with fake_mode():
+            q = torch.empty(3, 64, 576, dtype=contract.FP8, device="cuda:1")
+            picks = [op.warp_specialized(q) for _ in range(3)]
+    finally:
+        op._is_sm90.cache_clear()
+    assert picks == [expected and op._sparse_mla_gluon.AVAILABLE] * 3
+    assert asked == ([1] if op._sparse_mla_gluon.AVAILABLE else [])
+
+
 @pytest.fixture(params=["auto", "triton"])
 def kernel(request, monkeypatch):
     """The kernel the op launches: its default choice (on an H200 the Gluon kernel) and the
