@@ -6,7 +6,8 @@ from the contract raise the same error on the eager path (concrete sizes) and th
 ``topk_length`` value check (eager message, and no value read where it must not sync); the
 kernel under the Triton interpreter against the float64 reference on small shapes (both head
 dims, invalid indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row
-that must not be read, out-of-range lengths counted). GPU (``-m gpu``): the same on real CUDA
+that must not be read, out-of-range lengths counted); the Gluon kernel built for sm_90 with
+wgmma for both products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
 tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
 the warp-specialised Gluon one that sm_90 runs by default).
 """
@@ -470,6 +471,44 @@ def test_auto_picks_the_gluon_kernel_on_sm90_devices_only(capability, expected, 
         op._is_sm90.cache_clear()
     assert picks == [expected and op._sparse_mla_gluon.AVAILABLE] * 3
     assert asked == ([1] if op._sparse_mla_gluon.AVAILABLE else [])
+
+
+# The Gluon kernel's signature for an ahead-of-time sm_90 build (pointers 16-byte aligned, as
+# the JIT specialises them for fresh allocations).
+_WS_SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32",
+                 "q_scale_ptr": "*fp32", "kv_scale_ptr": "*fp32", "attn_sink_ptr": "*fp32",
+                 "topk_length_ptr": "*i32", "errors_ptr": "*i32", "out_ptr": "*bf16",
+                 "max_logits_ptr": "*fp32", "lse_ptr": "*fp32", "sm_scale": "fp32",
+                 "s_kv": "i32", "h_q": "i32", "topk": "i32"}
+
+
+@pytest.mark.skipif(not op._sparse_mla_gluon.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
+    """Without a GPU: the warp-specialised kernel compiles for sm_90 (a Gluon API change
+    would fail here first), both products are wgmma (Q·Kᵀ FP8, P·V fp16; no mma.sync
+    fallback), registers move with setmaxnreg, and shared memory fits the H200's 227 KiB."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    ws = op._sparse_mla_gluon
+    t = ws.TUNING
+    constexprs = {"D_QK": d_qk, "HAS_TOPK_LENGTH": True, "HAS_ATTN_SINK": True,
+                  "HAS_ERRORS": True, "NUM_STAGES": t["num_stages"],
+                  "CONSUMER_REGS": t["consumer_regs"], "PRODUCER_REGS": t["producer_regs"],
+                  "LAG": t["lag"]}
+    source = GluonASTSource(ws.sparse_mla_ws_kernel,
+                            _WS_SIGNATURE | {k: "constexpr" for k in constexprs}, constexprs,
+                            {(i,): [["tt.divisibility", 16]] for i in range(11)})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
+                              options={"num_warps": 4, "maxnreg": t["max_regs"]})
+    ptx = compiled.asm["ptx"]
+    # Per consumer: Q·Kᵀ is d_qk / 32 m64n64k32 instructions, P·V 64 / 16 m64n256k16 ones.
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") == 2 * d_qk // 32
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16") == 2 * 4
+    assert "mma.sync" not in ptx and "setmaxnreg" in ptx
+    assert compiled.metadata.shared <= 227 * 1024
 
 
 @pytest.fixture(params=["auto", "triton"])
