@@ -54,7 +54,7 @@ try:
 except ImportError:  # a Triton without Gluon's Hopper API: the Triton kernel is used instead
     AVAILABLE = False
 
-__all__ = ["AVAILABLE", "TUNING", "launch"]
+__all__ = ["AVAILABLE", "TUNING", "constexprs", "launch"]
 
 # 64 heads a CTA, 64 gathered rows a step, 512 latent (V) columns; each consumer owns 256.
 BLOCK_H = 64
@@ -330,21 +330,29 @@ if AVAILABLE:
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
-           max_logits, lse, topk_length_errors, **tuning):
-    """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both);
-    ``tuning`` overrides entries of ``TUNING``. Returns the compiled kernel."""
+def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors: bool,
+               **tuning) -> dict:
+    """The kernel's compile-time arguments for a call (``tuning`` overrides entries of
+    ``TUNING``); ``max_regs`` is a launch option, not among them."""
     unknown = set(tuning) - set(TUNING)
     if unknown:
         raise TypeError(f"unknown tuning keys {sorted(unknown)}; expected some of {sorted(TUNING)}")
     t = TUNING | tuning
+    return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
+                HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"],
+                CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"],
+                LAG=t["lag"])
+
+
+def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
+           max_logits, lse, topk_length_errors, **tuning):
+    """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both);
+    ``tuning`` overrides entries of ``TUNING``. Returns the compiled kernel."""
     s_q, h_q, d_qk = q.shape
     return sparse_mla_ws_kernel[(s_q * (h_q // BLOCK_H),)](
         q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
         out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2],
-        D_QK=d_qk, HAS_TOPK_LENGTH=topk_length is not None,
-        HAS_ATTN_SINK=attn_sink is not None, HAS_ERRORS=topk_length_errors is not None,
-        NUM_STAGES=t["num_stages"], CONSUMER_REGS=t["consumer_regs"],
-        PRODUCER_REGS=t["producer_regs"], LAG=t["lag"],
-        num_warps=4, maxnreg=t["max_regs"],
+        **constexprs(d_qk, topk_length is not None, attn_sink is not None,
+                     topk_length_errors is not None, **tuning),
+        num_warps=4, maxnreg=(TUNING | tuning)["max_regs"],
     )

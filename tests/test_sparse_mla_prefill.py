@@ -493,16 +493,12 @@ def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     ws = op._sparse_mla_gluon
-    t = ws.TUNING
-    constexprs = {"D_QK": d_qk, "HAS_TOPK_LENGTH": True, "HAS_ATTN_SINK": True,
-                  "HAS_ERRORS": True, "NUM_STAGES": t["num_stages"],
-                  "CONSUMER_REGS": t["consumer_regs"], "PRODUCER_REGS": t["producer_regs"],
-                  "LAG": t["lag"]}
+    constexprs = ws.constexprs(d_qk, True, True, True)  # what launch() compiles
     source = GluonASTSource(ws.sparse_mla_ws_kernel,
                             _WS_SIGNATURE | {k: "constexpr" for k in constexprs}, constexprs,
                             {(i,): [["tt.divisibility", 16]] for i in range(11)})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                              options={"num_warps": 4, "maxnreg": t["max_regs"]})
+                              options={"num_warps": 4, "maxnreg": ws.TUNING["max_regs"]})
     ptx = compiled.asm["ptx"]
     # Per consumer: Q·Kᵀ is d_qk / 32 m64n64k32 instructions, P·V 64 / 16 m64n256k16 ones.
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") == 2 * d_qk // 32
