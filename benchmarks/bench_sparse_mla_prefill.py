@@ -48,8 +48,7 @@ TARGET_TFLOPS = 400
 TUNING = [{"num_warps": w, "num_stages": s, "block_n": n}
           for w, s, n in [(8, 3, 64), (8, 2, 32)]]
 # The Gluon kernel's variants (launch keywords of strictops.ops._sparse_mla_gluon.launch).
-WS_TUNING = [{"num_stages": 3, "lag": 2}, {"consumer_regs": 216, "producer_regs": 72},
-             {"consumer_regs": 232, "producer_regs": 40}]
+WS_TUNING = [{"num_stages": 3, "lag": 2}, {"consumer_regs": 216, "producer_regs": 72}]
 # Instructions that show which MMA each product compiled to.
 MMA_PATTERNS = {
     "wgmma_fp8": r"wgmma\.mma_async\S*\.e4m3\.e4m3",

@@ -12,25 +12,33 @@ token, 64 heads) has three warpgroups:
 - a producer, which gathers the selected KV rows straight into shared memory with ``cp.async``
   (16-byte copies, zero-filled for invalid rows, which are never read), and converts the V
   part of each gathered block (its first 512 columns) from FP8 to fp16 for P·V;
-- two consumers, each of which computes S = Q·Kᵀ in FP8 (``wgmma``, fp32 accumulation), the
-  online softmax, and P·V in fp16 (``wgmma``) for its half of the 512 output columns.
+- two consumers, which share one S = Q·Kᵀ of each 64-row block: consumer ``h`` computes the
+  FP8 product (``wgmma``, fp32 accumulation) and the softmax for rows ``[32h, 32h + 32)``.
+  They exchange their row maxima through shared memory, each writes its half of P (fp16) to
+  shared memory, and each then runs P·V over all 64 rows in fp16 (``wgmma``) for its half of
+  the 512 output columns. Each keeps the row sums of its own rows; they are added at the end.
 
-Each consumer computes the whole S for its 64 heads: twice the Q·Kᵀ work of sharing one S, but
-the two consumers never wait for each other, and the warp schedulers overlap one's softmax
-with the other's products. P·V runs in fp16 rather than bf16 or FP8: every e4m3 value is exact
-in fp16, the conversion is one instruction per two values (bf16 takes three, and measured
-32% slower), and P keeps 11 significant bits (bf16: 8, FP8: 4).
+Sharing S halves each consumer's Q·Kᵀ and softmax, at the cost of two consumer-to-consumer
+handshakes a block: 411-413 TFLOPS at the SPEC shape, where the previous version, whose
+consumers each computed the whole S and never waited for each other, gave 391 in the same
+runs (``benchmarks/results/2026-11-30-session4/``). P·V runs in fp16 rather than bf16 or FP8:
+every e4m3 value is exact in fp16, the conversion is one instruction per two values (bf16
+takes three, and measured 32% slower), and P keeps 11 significant bits (bf16: 8, FP8: 4).
 
-What limits it (ncu at the SPEC shape, ``ncu-sparse_mla_prefill.txt``): one CTA per SM (176 KiB
-of shared memory, 12 warps), so each scheduler holds 3 warps, one from each warpgroup, and
-issues in a third of the cycles; the tensor pipe is 40% busy. Taking parts out one at a time
-(``h200-sparse-gluon-ablation.json``, this kernel's first version, one V buffer for both
-halves, 385 TFLOPS): without the V conversion it took 16% less time, without the gather 14%
-less, and Q·Kᵀ with the softmax alone 60% of it.
+What limits it: the V conversion. One CTA fits an SM (181 KiB of shared memory), so each
+scheduler holds 3 warps, one per warpgroup, and the producer's single warp a scheduler converts
+32 KiB of FP8 to fp16 per block (128 conversions a thread) after the consumers free the fp16
+buffer. Measured (session 4): making the consumers wait for that conversion, as an FA3-style
+pipeline that overlaps the softmax with the previous P·V does, costs 40% (296 TFLOPS); a
+third consumer-side warpgroup for the conversion does not build (ptxas runs out of registers
+at 16 warps); ping-pong scheduling of the two consumers' MMAs (387, redundant S) and
+converting before issuing the next gather (388) did not help. ncu of the previous version:
+the tensor pipe 40% busy, issue a third of the cycles.
 
 Synchronisation is by mbarriers in shared memory: ``k_ready``/``k_free`` for the
-``NUM_STAGES`` gathered blocks, and ``v_ready``/``v_free`` per consumer half for the fp16 V
-block. Registers are moved from the producer to the consumers with ``setmaxnreg``
+``NUM_STAGES`` gathered blocks, ``v_ready``/``v_free`` per consumer half for the fp16 V block,
+and ``x_bar``/``p_bar`` (count 2) for the consumers' exchanges of row maxima and of P.
+Registers are moved from the producer to the consumers with ``setmaxnreg``
 (``CONSUMER_REGS``/``PRODUCER_REGS``).
 
 Gluon's API changes between Triton releases; this module is written against Triton 3.6 (the
@@ -60,15 +68,13 @@ __all__ = ["AVAILABLE", "TUNING", "constexprs", "launch"]
 BLOCK_H = 64
 BLOCK_N = 64
 D_V = 512
-# Tuning, measured on the H200 (benchmarks/results/2026-11-30-session3/): stages of gathered
+# Tuning, measured on the H200 (benchmarks/results/2026-11-30-session4/): stages of gathered
 # blocks in shared memory, the producer's lag between issuing a block's copies and publishing
 # it, and registers per thread of the consumer and producer warpgroups (the kernel starts at
 # MAX_REGS for all 12 warps; 2 * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS must not exceed
-# 12 * 32 * MAX_REGS). At the SPEC shape these give 391-394 TFLOPS; 3 stages with a lag of 2
-# measured 395-397, 216/72 registers 393, 232/40 381. Measured and dropped: the consumers
-# converting their own V half while Q·Kᵀ runs (377), issuing the next block's Q·Kᵀ before the
-# current softmax as FA3 does (0.77 of these; its second S accumulator spills), and rescaling
-# the accumulator only when the max grows by more than 2**8 (387).
+# 12 * 32 * MAX_REGS). At the SPEC shape these give 411-413 TFLOPS; 3 stages with a lag of 2
+# measured 413-416 there but 305 against 307 at the d_qk = 512 shape, 216/72 registers 411,
+# 208/88 407.
 TUNING = {"num_stages": 2, "lag": 1, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
 
 if AVAILABLE:
@@ -144,43 +150,61 @@ if AVAILABLE:
     @gluon.jit
     def _consumer(half, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
-                  q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
-                  v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                  NUM_STAGES: gl.constexpr):
+                  q_nope, q_rope, k_nope, k_rope, v_f16, p_f16, x_f32, q_ready, k_ready,
+                  k_free, v_ready, v_free, x_bar, p_bar, D_QK: gl.constexpr,
+                  HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr):
         """Attention of 64 heads over the gathered blocks, output columns
-        ``[half * 256, half * 256 + 256)``; the ``half == 0`` consumer also writes
-        ``max_logits`` and ``lse``."""
+        ``[half * 256, half * 256 + 256)``; S and the softmax for rows
+        ``[half * 32, half * 32 + 32)`` of each block. The ``half == 0`` consumer also writes
+        ``max_logits`` and ``lse``.
+
+        Per block: S of this consumer's rows (FP8 ``wgmma``); the row maxima exchanged through
+        ``x_f32`` (``x_bar``); this half of P written to ``p_f16`` (``p_bar``); P·V over all
+        64 rows from both halves of P. Buffer reuse: the other consumer reads this
+        consumer's slot of ``x_f32`` before it arrives at ``p_bar``, and finishes its P·V of
+        a block before it arrives at ``x_bar`` of the next one, so a slot is rewritten only
+        once the barrier that follows its last read has been passed.
+        """
         D_ROPE: gl.constexpr = D_QK - 512
+        HALF_N: gl.constexpr = _BLOCK_N // 2
         LOG2E: gl.constexpr = 1.4426950408889634
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, _BLOCK_N, 32])
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, HALF_N, 32])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(0, o_layout, 2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
 
         m_i = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_layout)
-        l_i = gl.zeros([_BLOCK_H], gl.float32, row_layout)
+        l_i = gl.zeros([_BLOCK_H], gl.float32, row_layout)  # over this consumer's rows
         acc = gl.zeros([_BLOCK_H, 256], gl.float32, o_layout)
-        s_zero = gl.zeros([_BLOCK_H, _BLOCK_N], gl.float32, s_layout)
-        cols = gl.arange(0, _BLOCK_N, gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([_BLOCK_H, HALF_N], gl.float32, s_layout)
+        cols = half * HALF_N + gl.arange(0, HALF_N, gl.SliceLayout(0, s_layout))
         index_row = indices_ptr + token * topk
         n_steps = gl.cdiv(n_rows, _BLOCK_N)
         v_half = v_f16.index(half)
+        mine = x_f32.index(half)
+        theirs = x_f32.index(1 - half)
         mbarrier.wait(q_ready, 0)
         for i in range(n_steps):
             s = i % NUM_STAGES
             mbarrier.wait(k_ready.index(s), (i // NUM_STAGES) & 1)
-            st = warpgroup_mma(q_nope, k_nope.index(s).permute((1, 0)), s_zero, use_acc=False,
+            k_rows = k_nope.index(s).slice(half * HALF_N, HALF_N, dim=0)
+            st = warpgroup_mma(q_nope, k_rows.permute((1, 0)), s_zero, use_acc=False,
                                is_async=True)
             if D_ROPE > 0:
-                st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
+                r_rows = k_rope.index(s).slice(half * HALF_N, HALF_N, dim=0)
+                st = warpgroup_mma(q_rope, r_rows.permute((1, 0)), st, is_async=True)
             j = i * _BLOCK_N + cols  # the index loads overlap the MMA
             idx = gl.load(index_row + j, mask=j < n_rows, other=-1)
             valid = (idx >= 0) & (idx < s_kv)
             sc = warpgroup_mma_wait(0, deps=(st, ))
             mbarrier.arrive(k_free.index(s))
             sc = gl.where(gl.expand_dims(valid, 0), sc * scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, 1))
+            m_own = gl.max(sc, 1)
+            mine.store(m_own)
+            gl.thread_barrier()
+            mbarrier.arrive(x_bar)
+            mbarrier.wait(x_bar, i & 1)
+            m_new = gl.maximum(m_i, gl.maximum(m_own, theirs.load(row_layout)))
             # While every row so far was invalid the max is -inf; subtracting 0 instead keeps
             # exp(-inf - m) at 0 rather than NaN.
             m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -188,12 +212,26 @@ if AVAILABLE:
             pr = gl.exp2((sc - gl.expand_dims(m_ref, 1)) * LOG2E)
             l_i = l_i * alpha + gl.sum(pr, 1)
             m_i = m_new
-            p = gl.convert_layout(pr.to(gl.float16), p_layout)  # in registers, no shuffle
+            p_f16.index(half).store(pr.to(gl.float16))
+            fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+            gl.thread_barrier()
+            mbarrier.arrive(p_bar)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
             mbarrier.wait(v_ready.index(half), i & 1)
-            acc = warpgroup_mma(p, v_half, acc, is_async=True)
+            mbarrier.wait(p_bar, i & 1)
+            acc = warpgroup_mma(p_f16.index(0), v_half.slice(0, HALF_N, dim=0), acc,
+                                is_async=True)
+            acc = warpgroup_mma(p_f16.index(1), v_half.slice(HALF_N, HALF_N, dim=0), acc,
+                                is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(v_free.index(half))
+
+        # The row sums of both halves (the slot's last reader has passed p_bar).
+        mine.store(l_i)
+        gl.thread_barrier()
+        mbarrier.arrive(x_bar)
+        mbarrier.wait(x_bar, n_steps & 1)
+        l_i = l_i + theirs.load(row_layout)
 
         seen = l_i > 0  # at least one valid row: its own term is exp(0) = 1
         l_safe = gl.where(seen, l_i, 1.0)
@@ -216,13 +254,13 @@ if AVAILABLE:
     @gluon.jit
     def _second_consumer(indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                          token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
-                         q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
-                         v_ready, v_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
-                         NUM_STAGES: gl.constexpr):
+                         q_nope, q_rope, k_nope, k_rope, v_f16, p_f16, x_f32, q_ready,
+                         k_ready, k_free, v_ready, v_free, x_bar, p_bar, D_QK: gl.constexpr,
+                         HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr):
         _consumer(1, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                   token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
-                  q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free, v_ready,
-                  v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)
+                  q_nope, q_rope, k_nope, k_rope, v_f16, p_f16, x_f32, q_ready, k_ready,
+                  k_free, v_ready, v_free, x_bar, p_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES)
 
     @gluon.jit
     def sparse_mla_ws_kernel(
@@ -280,6 +318,12 @@ if AVAILABLE:
         k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_smem)
         v_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
         v_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
+        x_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
+        p_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
+        p_f16 = gl.allocate_shared_memory(gl.float16, [2, _BLOCK_H, _BLOCK_N // 2],
+                                          gl.NVMMASharedLayout(64, 16))
+        x_f32 = gl.allocate_shared_memory(gl.float32, [2, _BLOCK_H],
+                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
         mbarrier.init(q_ready, count=1)
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(k_ready.index(i), count=1)
@@ -287,6 +331,8 @@ if AVAILABLE:
         for h in gl.static_range(2):
             mbarrier.init(v_ready.index(h), count=1)
             mbarrier.init(v_free.index(h), count=1)
+        mbarrier.init(x_bar, count=2)
+        mbarrier.init(p_bar, count=2)
 
         kv_scale = gl.load(kv_scale_ptr)
         # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
@@ -301,11 +347,14 @@ if AVAILABLE:
 
         # Q into shared memory by this (the first consumer's) warpgroup, then published to
         # the other consumer; the proxy fence orders the generic stores before wgmma reads.
-        q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
+        # In four column chunks, so that few registers are live before they are handed out.
+        q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
         q_rows = (token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, q_layout)))
-        q_cols = gl.arange(0, 512, gl.SliceLayout(0, q_layout))
-        q_nope.store(gl.load(q_ptr + gl.expand_dims(q_rows * D_QK, 1)
-                             + gl.expand_dims(q_cols, 0)))
+        q_cols = gl.arange(0, 128, gl.SliceLayout(0, q_layout))
+        for c in gl.static_range(4):
+            q_nope.slice(c * 128, 128, dim=1).store(
+                gl.load(q_ptr + gl.expand_dims(q_rows * D_QK, 1)
+                        + gl.expand_dims(c * 128 + q_cols, 0)))
         if D_ROPE > 0:
             rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
             r_rows = token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, rope_layout))
@@ -318,13 +367,14 @@ if AVAILABLE:
 
         gl.warp_specialize([
             (_consumer, (0, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
-                         token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
-                         q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready, k_free,
-                         v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)),
+                         token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale, q_nope,
+                         q_rope, k_nope, k_rope, v_f16, p_f16, x_f32, q_ready, k_ready, k_free,
+                         v_ready, v_free, x_bar, p_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES)),
             (_second_consumer, (indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                                 token, head0, h_q, n_rows, s_kv, topk, scale, kv_scale,
-                                q_nope, q_rope, k_nope, k_rope, v_f16, q_ready, k_ready,
-                                k_free, v_ready, v_free, D_QK, HAS_ATTN_SINK, NUM_STAGES)),
+                                q_nope, q_rope, k_nope, k_rope, v_f16, p_f16, x_f32, q_ready,
+                                k_ready, k_free, v_ready, v_free, x_bar, p_bar, D_QK,
+                                HAS_ATTN_SINK, NUM_STAGES)),
             (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope,
                          v_f16, k_ready, k_free, v_ready, v_free, D_QK, NUM_STAGES, LAG)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])

@@ -487,7 +487,8 @@ _WS_SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32
 def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
     """Without a GPU: the warp-specialised kernel compiles for sm_90 (a Gluon API change
     would fail here first), both products are wgmma (Q·Kᵀ FP8, P·V fp16; no mma.sync
-    fallback), registers move with setmaxnreg, and shared memory fits the H200's 227 KiB."""
+    fallback), S is shared between the consumers, registers move with setmaxnreg, and shared
+    memory fits the H200's 227 KiB."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -500,9 +501,11 @@ def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
                               options={"num_warps": 4, "maxnreg": ws.TUNING["max_regs"]})
     ptx = compiled.asm["ptx"]
-    # Per consumer: Q·Kᵀ is d_qk / 32 m64n64k32 instructions, P·V 64 / 16 m64n256k16 ones.
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") == 2 * d_qk // 32
+    # Per consumer: Q·Kᵀ of its 32 rows of the block is d_qk / 32 m64n32k32 instructions
+    # (the two consumers share one S), P·V over all 64 rows 64 / 16 m64n256k16 ones.
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3") == 2 * d_qk // 32
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16") == 2 * 4
+    assert "wgmma.mma_async.sync.aligned.m64n64k32" not in ptx  # no consumer computes all of S
     assert "mma.sync" not in ptx and "setmaxnreg" in ptx
     assert compiled.metadata.shared <= 227 * 1024
 
