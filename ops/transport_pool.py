@@ -15,17 +15,28 @@ blocks, passes a CTA barrier (``tl.debug_barrier``: every thread's stores preced
 does next) and adds 1 to ``state[ARRIVALS]`` with acquire-release semantics at GPU scope (a
 release of the CTA's stores, and an acquire of those of every program that arrived before it).
 The program that arrives last therefore sees every byte of the copy; it resets the counter to 0
-for the next launch and writes the flag with a release at system scope, which orders the whole
-copy before the flag for any observer (a consumer kernel, or a ``cuStreamWaitValue32`` in
-another process). This is the pattern of CUDA's own grid-wide barrier (bar.sync, then one
-thread's fenced atomic). The counter is per ``state`` tensor: two publishes that may run
-concurrently need two ``state`` tensors (the pool keeps one per slot).
+for the next launch and writes the flag with a release at GPU scope, which orders the whole
+copy before the flag for every observer on this GPU. This is the pattern of CUDA's own
+grid-wide barrier (bar.sync, then one thread's fenced atomic). The counter is per ``state``
+tensor: two publishes that may run concurrently need two ``state`` tensors (the pool keeps one
+per slot).
 
-Above 1 MiB the same kernel runs as two launches instead: the copy, with no counter, then one
-program that writes the flag; the stream orders them. One launch saves the second launch's
-latency (1.2 us on the H200), most of a small publish; but every program of one launch adds
-an atomic on one counter word, which at large sizes costs more than the second launch
-(``TUNING``).
+GPU scope is enough because every observer of the flag is on the pool's GPU (SPEC: consumer
+processes on the same GPU): a consumer's ``cuStreamWaitValue32`` waits on that GPU for the word
+in that GPU's memory, and the kernels it releases read the bytes on that GPU, through the same
+L2 the release orders them in. System scope, which also orders the bytes for the host and for
+peer GPUs, costs more at the release (6.69 us against 7.04 us graph replay at 64 KiB on the
+H200, ``benchmarks/results/2026-11-30-session4/``) and orders them for no one who reads them.
+A reader on another device or on the host would need ``scope="sys"`` back.
+
+Above 1 MiB the same kernel runs as two launches instead: the copy of every whole block, with
+no counter and no mask, then one program that copies the partial last block (if any) and
+writes the flag (GPU-scope release after a CTA barrier, as above); the stream orders the copy
+kernel before it. One launch saves the second launch's latency (1.2 us on the H200), most of a
+small publish; but every program of one launch adds an atomic on one counter word, which at
+large sizes costs more than the second launch (``TUNING``). Keeping the masked partial block
+out of the many-program copy kernel keeps that kernel's registers low (``ptxas`` allocates for
+the union of a kernel's paths), hence many programs per SM and many bytes in flight.
 
 The lease is read from an int64 CUDA tensor, so one captured CUDA graph publishes into a new
 lease on every replay (write the tensor, replay). Its values are checked on the device against
@@ -110,6 +121,7 @@ _ERRORS = tl.constexpr(ERRORS)
 _ALIGN = tl.constexpr(DATA_ALIGNMENT)
 _WORD = tl.constexpr(WORD_BYTES)
 _MAX_GENERATION = tl.constexpr(MAX_GENERATION)
+_VECTOR = tl.constexpr(16)  # bytes of the widest global access (ld/st.v4.b32)
 # The kernel's phases (see _publish_kernel).
 PHASE_BOTH, PHASE_COPY, PHASE_FLAG = 0, 1, 2
 _BOTH, _COPY, _FLAG = tl.constexpr(PHASE_BOTH), tl.constexpr(PHASE_COPY), tl.constexpr(PHASE_FLAG)
@@ -138,16 +150,27 @@ def _publish_kernel(
     BLOCK: tl.constexpr,
     PHASE: tl.constexpr,
 ):
-    """Copy one ``BLOCK``-byte block of the lease, then publish its generation if last.
+    """One phase of a publish: ``_BOTH`` (one launch), or ``_COPY`` then ``_FLAG`` (two).
 
-    ``PHASE``: ``_BOTH`` copies and publishes in one launch (the last program to arrive writes
-    the flag); ``_COPY`` only copies and ``_FLAG`` (grid ``(1,)``) only writes the flag, for
-    the two-launch publish, whose stream order puts the flag after every byte.
+    ``_BOTH``, grid ``(cdiv(src_nbytes, BLOCK),)``: program ``pid`` copies the bytes of
+    ``[pid * BLOCK, (pid + 1) * BLOCK)`` that lie below the lease's ``nbytes`` (a partial
+    block masked), then arrives at the counter; the last program to arrive writes the flag.
 
-    Grid: ``(cdiv(src_nbytes, BLOCK),)`` (``(1,)`` for ``_FLAG``): program ``pid`` copies bytes
-    ``[pid * BLOCK, (pid + 1) * BLOCK)`` that lie below the lease's ``nbytes``. One block per
-    program and no loop: a grid-stride loop over 1024 programs measured 0.77 of the copy floor
-    at 256 MiB on the H200, one 16 KiB block per program 0.93.
+    ``_COPY``, grid ``(src_nbytes // BLOCK,)`` (whole source blocks only, possibly none):
+    program ``pid`` copies its block, unmasked, if the whole block lies below ``nbytes``, and
+    does nothing otherwise. ``_FLAG``, grid
+    ``(1,)``, after ``_COPY`` in stream order (so after every whole block): copies the partial
+    last block ``[nbytes // BLOCK * BLOCK, nbytes)`` itself, masked, and then writes the
+    flag, or counts a lease that does not fit. So the many-program copy kernel holds no masked
+    path: ``ptxas`` allocates registers for the union of a kernel's paths, and the per-byte
+    masked path with its 64-bit offsets took them from 20 to 108 per thread at 4 KiB and 4
+    warps (sm_90); without it the copy went from 0.78 to 0.94 of the floor at 256 MiB on the
+    H200 (``TUNING``). (The lease is read in the kernel body rather than in a helper function:
+    torch 2.11's mutation analysis counts a pointer passed to a called function as written,
+    and Inductor would then clone the lease tensor.)
+
+    One block per program and no loop: a grid-stride loop over 1024 programs measured 0.77 of
+    the copy floor at 256 MiB on the H200, one 16 KiB block per program 0.93.
 
     pool_ptr: ``[memory_size]`` uint8, 256-byte aligned.
     src_ptr: ``[src_nbytes]`` uint8 (the source's bytes).
@@ -156,19 +179,25 @@ def _publish_kernel(
     state_ptr: ``[STATE_WORDS]`` int32: arrival counter (0 between launches), error count.
     data_start, slot_bytes, n_slots: the pool's layout (trace-time constants).
     """
-    pid = tl.program_id(0).to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    block_end = (pid + 1) * BLOCK
-    data = tl.zeros([BLOCK], tl.uint8)
     # The source block's addresses do not depend on the lease: it is loaded first, so that its
     # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes). Whole
     # blocks go unmasked: a mask against a runtime bound splits the 16-byte vectors into
-    # single bytes (10x slower, measured).
-    if PHASE != _FLAG:
-        if block_end <= src_nbytes:
-            data = tl.load(src_ptr + offs)
+    # single bytes (10x slower, measured). One int64 base per block (sources past 2 GiB) and
+    # int32 offsets within it.
+    block_start = tl.program_id(0).to(tl.int64) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    if PHASE == _BOTH:
+        if block_start + BLOCK <= src_nbytes:
+            data = tl.load(src_ptr + block_start + offs)
         else:
-            data = tl.load(src_ptr + offs, mask=offs < src_nbytes, other=0)
+            data = tl.load(src_ptr + block_start + offs, mask=block_start + offs < src_nbytes,
+                           other=0)
+    elif PHASE == _COPY:
+        data = tl.load(src_ptr + block_start + offs)  # the grid has whole source blocks only
+
+    # The lease, and lease_fits on the device (in the body, not a helper: see above). Every
+    # term is evaluated: a difference that wraps for a wild value is only ever combined with a
+    # term that is already false for it.
     if LEASE_FROM_PTR:
         start = tl.load(lease_ptr + _START)
         end = tl.load(lease_ptr + _END)
@@ -185,47 +214,77 @@ def _publish_kernel(
         generation = generation_arg.to(tl.int64)
         ready = ready_arg.to(tl.int64)
         ack = ack_arg.to(tl.int64)
-    # lease_fits, on the device. Every term is evaluated: a difference that wraps for a wild
-    # value is only ever combined with a term that is already false for it.
     fits = (start >= data_start) & (start <= end) & (end <= memory_size)
     fits = fits & (start % _ALIGN == 0) & (nbytes > 0) & (nbytes <= end - start)
     fits = fits & (nbytes <= src_nbytes) & (slot >= 0) & (slot < n_slots)
     fits = fits & (ready == slot * slot_bytes) & (ack == ready + _WORD)
     fits = fits & (generation > 0) & (generation <= _MAX_GENERATION)
-
+    # start is a multiple of 256 where it is used; saying so in arithmetic (a tl.multiple_of
+    # hint is lost on a kernel argument) lets the stores be 16-byte vectors.
+    dst_ptr = pool_ptr + (start // _ALIGN) * _ALIGN
     ready_ptr = (pool_ptr + ready).to(tl.pointer_type(tl.int32))
-    if fits:
-        if PHASE != _FLAG:
-            # start is a multiple of 256 here; saying so in arithmetic (a tl.multiple_of hint
-            # is lost on a kernel argument) lets the stores be 16-byte vectors.
-            dst_ptr = pool_ptr + (start // _ALIGN) * _ALIGN
-            if block_end <= nbytes:
-                tl.store(dst_ptr + offs, data)
+
+    if PHASE == _BOTH:
+        if fits:
+            if block_start + BLOCK <= nbytes:
+                tl.store(dst_ptr + block_start + offs, data)
             else:
-                tl.store(dst_ptr + offs, data, mask=offs < nbytes)
-        if PHASE == _BOTH:
+                tl.store(dst_ptr + block_start + offs, data, mask=block_start + offs < nbytes)
             tl.debug_barrier()
             arrived = tl.atomic_add(state_ptr + _ARRIVALS, 1, sem="acq_rel", scope="gpu")
             if arrived == tl.num_programs(0) - 1:
                 tl.atomic_xchg(state_ptr + _ARRIVALS, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="sys")
-        if PHASE == _FLAG:
-            tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="sys")
+                tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="gpu")
+        else:
+            if block_start == 0:
+                tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
+    elif PHASE == _COPY:
+        # Whole blocks only (a partial one is the flag program's), so no mask: stores only
+        # where the block was loaded (nbytes <= src_nbytes when the lease fits).
+        if fits & (block_start + BLOCK <= nbytes):
+            tl.store(dst_ptr + block_start + offs, data)
     else:
-        if (pid == 0) & (PHASE != _FLAG):
+        if fits:
+            # The partial last block, [tail, nbytes): its whole 16-byte vectors under a mask
+            # whose bound is a multiple of 16 (the compiler keeps such a mask per vector, so
+            # they stay 16-byte accesses), then the last nbytes % 16 bytes one by one. Empty
+            # when nbytes is a multiple of BLOCK.
+            tail = nbytes // BLOCK * BLOCK
+            vector_end = nbytes // _VECTOR * _VECTOR
+            in_vectors = offs < (vector_end - tail).to(tl.int32)
+            last = tl.arange(0, _VECTOR)
+            in_last = last < (nbytes - vector_end).to(tl.int32)
+            data = tl.load(src_ptr + tail + offs, mask=in_vectors)
+            data_last = tl.load(src_ptr + vector_end + last, mask=in_last)
+            tl.store(dst_ptr + tail + offs, data, mask=in_vectors)
+            tl.store(dst_ptr + vector_end + last, data_last, mask=in_last)
+            # Every thread's tail stores before thread 0's release (the one-launch pattern);
+            # the copy kernel's stores precede this kernel in stream order.
+            tl.debug_barrier()
+            tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="gpu")
+        else:
             tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
 
 
 # Warps per program; bytes per program by source size, ``(up_to_bytes, block_bytes)``, the
-# first row whose bound holds; and the size above which the publish takes two launches (a
-# copy, then a one-program flag write) instead of one. Every program reads the lease and, in
-# one launch, adds one atomic to the arrival counter: at 256 MiB, 4 KiB blocks (65536
-# programs) reached 0.53 of the floor in one launch and 0.77 in two, 16 KiB blocks 0.79 and
-# 0.93 (H200 sweep, benchmarks/results/2026-11-30-session2/). Up to 1 MiB one launch is the
-# faster (graph replay 7.8 us at 64 KiB, 9.0 in two). Speed choices only: under
-# tracing they are taken from the size's hint without a guard, so no size recompiles.
-TUNING = {"num_warps": 4, "block_bytes": ((1 << 20, 4096), (None, 16384)),
-          "two_launches_above": 1 << 20}
+# first row whose bound holds; the size above which the publish takes two launches (the copy of
+# whole blocks, then a one-program launch that copies the partial last block and writes the
+# flag) instead of one; and the warps of that one program.
+#
+# Measured (H200, benchmarks/results/2026-11-30-session2/ and -session4/): in one launch every
+# program reads the lease and adds one atomic to the arrival counter; at 256 MiB 4 KiB blocks
+# (65536 programs) reached 0.53 of the floor in one launch, 16 KiB blocks 0.79. Up to 1 MiB one
+# launch is the faster (graph replay 7.8 us at 64 KiB, 9.0 in two, session 2); with 4 KiB
+# blocks and the GPU-scope flag it took 6.43-6.85 us (7.04 with the system-scope one).
+# Two launches, session 4, the copy kernel before and after it lost the masked partial block
+# (ptxas, sm_90: 108 -> 20 registers at 4 KiB/4 warps, 168 -> 40 at 16 KiB/4): 4 KiB blocks
+# went from 0.78 to 0.938-0.939 of the floor at 256 MiB, 16 KiB blocks from 0.933 to 0.887
+# (more programs of them in flight per SM made it slower, not faster); at 16 MiB 4 KiB blocks
+# measured 0.479-0.484 of the floor and 16 KiB ones 0.488-0.501. Hence 4 KiB blocks at every
+# size. Speed choices only: under tracing they are taken from the size's hint without a
+# guard, so no size recompiles.
+TUNING = {"num_warps": 4, "block_bytes": ((None, 4096),),
+          "two_launches_above": 1 << 20, "flag_num_warps": 4}
 
 
 def block_bytes_for(src_nbytes) -> int:
@@ -237,25 +296,32 @@ def block_bytes_for(src_nbytes) -> int:
 
 def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
             values: Optional[Sequence[int]] = None, block_bytes=None,
-            num_warps=TUNING["num_warps"], two_launches=None):
+            num_warps=None, two_launches=None, flag_num_warps=None):
     """Launch ``kernel`` (JIT, wrapped or interpreted) on validated inputs; ``values``: the
-    lease's fields on the host (``lease`` is then not read)."""
+    lease's fields on the host (``lease`` is then not read). ``block_bytes`` (a power of two,
+    at least 16), ``num_warps``, ``two_launches``, ``flag_num_warps``: ``TUNING`` unless
+    given. Returns what the launches return (compiled kernels, for a probe's ``n_regs``)."""
     src_bytes = src.view(-1).view(torch.uint8)  # a view: the kernel reads any dtype as bytes
     src_nbytes = src_bytes.shape[0]
     block = block_bytes or block_bytes_for(src_nbytes)
+    assert block >= 16 and block & (block - 1) == 0, block  # whole 16-byte vectors per block
     if two_launches is None:
         two_launches = hint(src_nbytes) > TUNING["two_launches_above"]
     lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
     args = (pool, src_bytes, lease, state, pool.shape[0], src_nbytes,
             contract.data_start(max_inflight_slices, consumer_count),
             contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args)
-    grid = ((src_nbytes + block - 1) // block,)
+    # Two launches: the copy's grid covers the whole source blocks only (possibly none), so
+    # its programs load unmasked; the flag program copies the rest of the lease.
+    grid = (src_nbytes // block,) if two_launches else ((src_nbytes + block - 1) // block,)
     phase = PHASE_COPY if two_launches else PHASE_BOTH
-    kernel[grid](*args, LEASE_FROM_PTR=values is None, BLOCK=block, PHASE=phase,
-                 num_warps=num_warps)
+    launched = [kernel[grid](*args, LEASE_FROM_PTR=values is None, BLOCK=block, PHASE=phase,
+                             num_warps=num_warps or TUNING["num_warps"])]
     if two_launches:
-        kernel[(1,)](*args, LEASE_FROM_PTR=values is None, BLOCK=block, PHASE=PHASE_FLAG,
-                     num_warps=1)
+        launched.append(kernel[(1,)](*args, LEASE_FROM_PTR=values is None, BLOCK=block,
+                                     PHASE=PHASE_FLAG,
+                                     num_warps=flag_num_warps or TUNING["flag_num_warps"]))
+    return launched
 
 
 def _validate_and_launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count):

@@ -10,7 +10,9 @@ sizes and a pool that fills up, for compute-sanitizer (run by .ci/gpu for every
    nothing and is counted).
 2. Fitting leases for sources from 1 byte to over 16 MiB, each size ending mid-block for any
    power-of-two block size from 256 bytes up (whatever the launch's tuning): the reference
-   again.
+   again; then, for each size, one- and two-launch publishes forced at 4 KiB and 16 KiB blocks
+   of the whole source and of a lease 17 bytes short of it (the two-launch flag program copies
+   the partial last block of ``nbytes``, not of the source).
 3. The runtime (needs cuda-bindings): ``copy_tensor`` until the pool refuses ``(None, None)``,
    consumers wait, read and acknowledge some leases in stream order, ``cancel_lease`` the
    others, and every lease is recycled; each received tensor equals its source.
@@ -26,15 +28,19 @@ from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops import transport_pool as op
 
 
-def _publish_and_check(pool, src, lease, slots, consumers, as_tensor: bool) -> None:
+def _publish_and_check(pool, src, lease, slots, consumers, as_tensor: bool, **tuning) -> None:
     state = op.new_state("cuda")
     expected = op.reference(pool, src, lease, state, slots, consumers)
-    if as_tensor:
+    if as_tensor and not tuning:
         copy_and_publish(pool, src, torch.tensor(lease, device="cuda"), state, slots, consumers)
+    elif as_tensor:  # the op's kernel with a forced tuning
+        with torch.cuda.device(pool.device):
+            op._launch(op._publish_kernel, pool, src, torch.tensor(lease, device="cuda"), state,
+                       slots, consumers, **tuning)
     else:  # the pool's own eager path: the lease's fields as kernel arguments
         with torch.cuda.device(pool.device):
             op._launch(op._publish_kernel, pool, src, state, state, slots, consumers,
-                       values=lease)
+                       values=lease, **tuning)
     assert torch.equal(pool, expected[0]) and torch.equal(state, expected[1]), lease
 
 
@@ -72,6 +78,14 @@ def _awkward_sources(gen) -> int:
         for as_tensor in (True, False):
             _publish_and_check(pool, src, lease, slots, consumers, as_tensor)
             cases += 1
+        for short in (0, 17) if nbytes > 17 else (0,):
+            for block_bytes in (4096, 16384):
+                for two_launches in (False, True):
+                    _publish_and_check(pool, src, lease._replace(nbytes=nbytes - short,
+                                                                 generation=11 + cases),
+                                       slots, consumers, True, block_bytes=block_bytes,
+                                       two_launches=two_launches)
+                    cases += 1
     return cases
 
 

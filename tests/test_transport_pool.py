@@ -366,7 +366,9 @@ def test_interpreted_publish_writes_the_range_and_then_the_flag_of_its_slot():
 def test_interpreted_flag_is_written_only_after_every_byte(monkeypatch, reverse_programs,
                                                            two_launches):
     """The interpreter runs programs one at a time; at the start of each, and at the end, the
-    ready word may hold the generation only if every byte of the lease is already there."""
+    ready word may hold the generation only if every byte of the lease is already there. With
+    two launches the copy kernel writes the whole blocks only, the flag's program the partial
+    last one (then the flag)."""
     from triton.runtime.interpreter import interpreter_builder
 
     dims = contract.Dims(memory_size=2048, max_inflight_slices=3, consumer_count=2,
@@ -379,24 +381,62 @@ def test_interpreted_flag_is_written_only_after_every_byte(monkeypatch, reverse_
 
     def snapshot():
         flag = args["pool"][12:16].view(torch.int32).item()
-        seen.append((flag, torch.equal(args["pool"][512:909], args["src"][:397])))
+        whole = torch.equal(args["pool"][512:896], args["src"][:384])  # 6 blocks of 64
+        seen.append((flag, whole, torch.equal(args["pool"][512:909], args["src"][:397])))
 
     set_grid_idx = interpreter_builder.set_grid_idx
+    atomic_rmw = interpreter_builder.create_atomic_rmw
+    around_atomics = []  # also within a program: before and after each atomic (the flag's)
 
     def recording_set_grid_idx(x, y, z):
         snapshot()
         set_grid_idx(x, y, z)
 
+    def recording_atomic_rmw(*a, **k):
+        snapshot()
+        result = atomic_rmw(*a, **k)
+        snapshot()
+        around_atomics.extend([seen.pop(), seen.pop()])
+        return result
+
     monkeypatch.setattr(interpreter_builder, "set_grid_idx", recording_set_grid_idx)
+    monkeypatch.setattr(interpreter_builder, "create_atomic_rmw", recording_atomic_rmw)
     op.launch_interpreted(**args, reverse_programs=reverse_programs, block_bytes=64,
                           two_launches=two_launches)
     snapshot()
-    # 7 copying programs (cdiv(400, 64)), and the flag's own with two launches
-    assert len(seen) == 8 + two_launches and seen[-1] == (5, True)
-    assert all(complete for flag, complete in seen if flag == 5), seen
-    assert seen[-2 - two_launches] == (0, False)  # the last copying program had bytes to copy
+    # One launch: 7 copying programs (cdiv(400, 64)); two: 6 (the whole source blocks,
+    # 400 // 64) and the flag's own. A snapshot before each, and one at the end.
+    assert len(seen) == 8 and seen[-1] == (5, True, True)
+    assert any(flag == 5 for flag, _, _ in around_atomics)  # the flag is an atomic
+    assert all(complete for flag, _, complete in seen + around_atomics if flag == 5), (
+        seen, around_atomics)
+    assert seen[-2 - two_launches][::2] == (0, False)  # before the last copying program
     if two_launches:
-        assert seen[-2] == (0, True)  # every byte in place, the flag not yet
+        assert seen[-2] == (0, True, False), seen  # whole blocks in place; tail, flag not yet
+
+
+@pytest.mark.parametrize("as_tensor", [True, False], ids=["lease_tensor", "lease_args"])
+@pytest.mark.parametrize("block_bytes", [16, 256])
+@pytest.mark.parametrize("nbytes,extra", [
+    (1, 0), (15, 0), (16, 0), (17, 3), (255, 0), (256, 0), (257, 0), (3 * 256 + 1, 0),
+    (3 * 256 + 16 * 5, 0), (3 * 256 + 200, 0), (3 * 256 + 200, 56), (3 * 256 + 200, 600),
+    (4 * 256 - 1, 1), (4 * 256 - 1, 257), (5 * 256, 13)])
+def test_interpreted_two_launches_copy_the_partial_last_block(nbytes, extra, block_bytes,
+                                                             as_tensor):
+    """Two launches, lease ``nbytes`` short of the source by ``extra``: every whole block
+    from the copy kernel, the partial last one (its 16-byte vectors, then its last bytes) from
+    the flag's program, which also counts a lease that does not fit (once)."""
+    dims = contract.Dims(memory_size=4096, max_inflight_slices=3, consumer_count=2,
+                         src_shape=(nbytes + extra,), src_dtype=torch.uint8)
+    args = _fill(dims, torch.Generator().manual_seed(nbytes + extra))
+    lease = contract.Lease(512, 512 + -(-nbytes // ALIGN) * ALIGN, nbytes, 2, 77, 24, 28)
+    for case in (lease, lease._replace(generation=0)):
+        args["lease"] = torch.tensor(case) if as_tensor else case
+        pool, state = op.reference(**args)
+        op.launch_interpreted(**args, block_bytes=block_bytes, two_launches=True)
+        assert torch.equal(args["pool"], pool), (args["pool"] != pool).nonzero().flatten()
+        assert torch.equal(args["state"], state)
+    assert args["state"].tolist() == [0, 1]
 
 
 # Each breaks one term of lease_fits for Lease(512, 1024, 397, 2, 77, 24, 28) in a 2048-byte
