@@ -19,21 +19,25 @@ token, 64 heads) has three warpgroups:
   the 512 output columns. Each keeps the row sums of its own rows; they are added at the end.
 
 Sharing S halves each consumer's Q·Kᵀ and softmax, at the cost of two consumer-to-consumer
-handshakes a block: 411-413 TFLOPS at the SPEC shape, where the previous version, whose
+handshakes a block: 408-413 TFLOPS at the SPEC shape, where the previous version, whose
 consumers each computed the whole S and never waited for each other, gave 391 in the same
 runs (``benchmarks/results/2026-11-30-session4/``). P·V runs in fp16 rather than bf16 or FP8:
 every e4m3 value is exact in fp16, the conversion is one instruction per two values (bf16
 takes three, and measured 32% slower), and P keeps 11 significant bits (bf16: 8, FP8: 4).
 
-What limits it: the V conversion. One CTA fits an SM (181 KiB of shared memory), so each
-scheduler holds 3 warps, one per warpgroup, and the producer's single warp a scheduler converts
-32 KiB of FP8 to fp16 per block (128 conversions a thread) after the consumers free the fp16
-buffer. Measured (session 4): making the consumers wait for that conversion, as an FA3-style
-pipeline that overlaps the softmax with the previous P·V does, costs 40% (296 TFLOPS); a
-third consumer-side warpgroup for the conversion does not build (ptxas runs out of registers
-at 16 warps); ping-pong scheduling of the two consumers' MMAs (387, redundant S) and
-converting before issuing the next gather (388) did not help. ncu of the previous version:
-the tensor pipe 40% busy, issue a third of the cycles.
+What limits it is latency, not a pipe's throughput. One CTA fits an SM (181 KiB of shared
+memory), so each scheduler holds 3 warps, one per warpgroup. ncu of this version at the SPEC
+shape (``ncu-sparse_mla_prefill.txt``, session 4): 10.35 M cycles at 1.80 GHz; shared memory
+the busiest pipe (31%); each scheduler issues in 29% of the cycles; the largest stall (35%)
+waits on L1TEX loads, i.e. on global loads such as the indices of each block, which the
+producer loads just before it issues that block's copies (not yet prefetched a block ahead).
+The producer's V conversion (32 KiB of FP8 to fp16 per block, 128 conversions a thread, after
+the consumers free the fp16 buffer) is long too: making the consumers wait for it, as an
+FA3-style pipeline that overlaps the softmax with the previous P·V does, cost 40% (296
+TFLOPS). Also measured (session 4) and not kept: a fourth warpgroup for the conversion does
+not build (ptxas runs out of registers at 16 warps); ping-pong scheduling of the two
+consumers' MMAs (387, redundant S); converting before issuing the next gather (388 with 2
+stages, 416 with 3, as without it).
 
 Synchronisation is by mbarriers in shared memory: ``k_ready``/``k_free`` for the
 ``NUM_STAGES`` gathered blocks, ``v_ready``/``v_free`` per consumer half for the fp16 V block,

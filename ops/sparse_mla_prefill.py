@@ -15,7 +15,7 @@ allocating inside the op is what keeps "validate, then allocate" true for a call
 some buffers and not others.
 
 Two kernels (``KERNEL``, ``warp_specialized``): on an sm_90 GPU the warp-specialised Gluon
-kernel of ``strictops.ops._sparse_mla_gluon`` (391 TFLOPS at the SPEC shape on the H200,
+kernel of ``strictops.ops._sparse_mla_gluon`` (408-413 TFLOPS at the SPEC shape on the H200,
 against 260 for the Triton kernel here), everywhere else the Triton kernel below (other GPUs,
 the Triton interpreter, tracing without a GPU). Inductor cannot compile a Gluon kernel from a
 ``wrap_triton`` launch, so a traced call of the Gluon path records an opaque op,

@@ -51,15 +51,12 @@ def _check(args: dict, outputs, what) -> None:
 def main() -> None:
     cases = 0
     hopper = op.warp_specialized(torch.empty(0, device="cuda"))
-    # The Gluon kernel with V converted by its producer and by its consumers (a tuning choice).
-    kernels = ["gluon", "gluon-consumers-convert", "triton"] if hopper else ["triton"]
-    kernels = [k for k in kernels if k in sys.argv[1:]] or kernels  # e.g. only the Gluon ones
-    ws_tuning = dict(op._sparse_mla_gluon.TUNING)
+    kernels = ["gluon", "triton"] if hopper else ["triton"]
+    kernels = [k for k in kernels if k in sys.argv[1:]] or kernels  # e.g. only the Gluon one
     for kernel in kernels:
-        op.KERNEL = kernel.split("-")[0]
-        op._sparse_mla_gluon.TUNING.update(ws_tuning, consumers_convert=kernel.endswith("convert"))
+        op.KERNEL = kernel
         cases += _run_every_variant(torch.Generator(device="cuda").manual_seed(0), kernel)
-    op._sparse_mla_gluon.TUNING.update(ws_tuning)
+    op.KERNEL = "auto"
     torch.cuda.synchronize()
     print(f"adversarial_sparse_mla_prefill: {cases} calls ({', '.join(kernels)} kernels), all "
           f"within tolerance of the reference")
