@@ -61,6 +61,7 @@ on first use.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from strictops.meta import transport_pool as contract
 from strictops.meta._contract import hint
@@ -149,6 +151,9 @@ def _publish_kernel(
     LEASE_FROM_PTR: tl.constexpr,
     BLOCK: tl.constexpr,
     PHASE: tl.constexpr,
+    PDL: tl.constexpr,
+    LOAD_CACHE: tl.constexpr,
+    STORE_CACHE: tl.constexpr,
 ):
     """One phase of a publish: ``_BOTH`` (one launch), or ``_COPY`` then ``_FLAG`` (two).
 
@@ -172,6 +177,14 @@ def _publish_kernel(
     One block per program and no loop: a grid-stride loop over 1024 programs measured 0.77 of
     the copy floor at 256 MiB on the H200, one 16 KiB block per program 0.93.
 
+    ``PDL`` (sm_90+, two launches): the flag launch is a programmatic dependent launch. Every
+    copy program first signals ``griddepcontrol.launch_dependents``, so the flag program is
+    resident before the copy ends; it copies the partial block (bytes no copy program writes)
+    and runs ``griddepcontrol.wait`` before its release. That wait returns once the copy grid
+    has completed and its memory is visible, the guarantee stream order gives without PDL;
+    launched without the attribute, both instructions are no-ops. ``LOAD_CACHE``,
+    ``STORE_CACHE``: cache modifiers of the source loads and pool stores.
+
     pool_ptr: ``[memory_size]`` uint8, 256-byte aligned.
     src_ptr: ``[src_nbytes]`` uint8 (the source's bytes).
     lease_ptr: ``[LEASE_WORDS]`` int64, read when ``LEASE_FROM_PTR``; otherwise the lease is
@@ -193,7 +206,10 @@ def _publish_kernel(
             data = tl.load(src_ptr + block_start + offs, mask=block_start + offs < src_nbytes,
                            other=0)
     elif PHASE == _COPY:
-        data = tl.load(src_ptr + block_start + offs)  # the grid has whole source blocks only
+        if PDL:
+            gdc_launch_dependents()
+        # The grid has whole source blocks only.
+        data = tl.load(src_ptr + block_start + offs, cache_modifier=LOAD_CACHE)
 
     # The lease, and lease_fits on the device (in the body, not a helper: see above). Every
     # term is evaluated: a difference that wraps for a wild value is only ever combined with a
@@ -242,7 +258,7 @@ def _publish_kernel(
         # Whole blocks only (a partial one is the flag program's), so no mask: stores only
         # where the block was loaded (nbytes <= src_nbytes when the lease fits).
         if fits & (block_start + BLOCK <= nbytes):
-            tl.store(dst_ptr + block_start + offs, data)
+            tl.store(dst_ptr + block_start + offs, data, cache_modifier=STORE_CACHE)
     else:
         if fits:
             # The partial last block, [tail, nbytes): its whole 16-byte vectors under a mask
@@ -259,7 +275,10 @@ def _publish_kernel(
             tl.store(dst_ptr + tail + offs, data, mask=in_vectors)
             tl.store(dst_ptr + vector_end + last, data_last, mask=in_last)
             # Every thread's tail stores before thread 0's release (the one-launch pattern);
-            # the copy kernel's stores precede this kernel in stream order.
+            # the copy kernel's stores precede this kernel in stream order, or, launched as a
+            # dependent, once the wait returns.
+            if PDL:
+                gdc_wait()
             tl.debug_barrier()
             tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="gpu")
         else:
@@ -284,7 +303,8 @@ def _publish_kernel(
 # size. Speed choices only: under tracing they are taken from the size's hint without a
 # guard, so no size recompiles.
 TUNING = {"num_warps": 4, "block_bytes": ((None, 4096),),
-          "two_launches_above": 1 << 20, "flag_num_warps": 4}
+          "two_launches_above": 1 << 20, "flag_num_warps": 4, "pdl": True,
+          "load_cache": "", "store_cache": ""}
 
 
 def block_bytes_for(src_nbytes) -> int:
@@ -296,32 +316,58 @@ def block_bytes_for(src_nbytes) -> int:
 
 def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
             values: Optional[Sequence[int]] = None, block_bytes=None,
-            num_warps=None, two_launches=None, flag_num_warps=None):
+            num_warps=None, two_launches=None, flag_num_warps=None, pdl=None,
+            load_cache=None, store_cache=None):
     """Launch ``kernel`` (JIT, wrapped or interpreted) on validated inputs; ``values``: the
     lease's fields on the host (``lease`` is then not read). ``block_bytes`` (a power of two,
-    at least 16), ``num_warps``, ``two_launches``, ``flag_num_warps``: ``TUNING`` unless
-    given. Returns what the launches return (compiled kernels, for a probe's ``n_regs``)."""
+    at least 16), ``num_warps``, ``two_launches``, ``flag_num_warps``, ``pdl``,
+    ``load_cache``, ``store_cache``: ``TUNING`` unless given; ``pdl`` only ever applies to a
+    real two-launch publish on an sm_90+ device (:func:`_pdl_launch`). Returns what the
+    launches return (compiled kernels, for a probe's ``n_regs``)."""
     src_bytes = src.view(-1).view(torch.uint8)  # a view: the kernel reads any dtype as bytes
     src_nbytes = src_bytes.shape[0]
     block = block_bytes or block_bytes_for(src_nbytes)
     assert block >= 16 and block & (block - 1) == 0, block  # whole 16-byte vectors per block
     if two_launches is None:
         two_launches = hint(src_nbytes) > TUNING["two_launches_above"]
+    pdl = two_launches and _pdl_launch(kernel, pool, _pick(pdl, "pdl"))
     lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
     args = (pool, src_bytes, lease, state, pool.shape[0], src_nbytes,
             contract.data_start(max_inflight_slices, consumer_count),
             contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args)
+    # Every constexpr, defaults included: Inductor's analysis of a wrapped kernel's
+    # mutations takes no default.
+    meta = dict(LEASE_FROM_PTR=values is None, BLOCK=block, PDL=pdl,
+                LOAD_CACHE=_pick(load_cache, "load_cache"),
+                STORE_CACHE=_pick(store_cache, "store_cache"))
     # Two launches: the copy's grid covers the whole source blocks only (possibly none), so
     # its programs load unmasked; the flag program copies the rest of the lease.
     grid = (src_nbytes // block,) if two_launches else ((src_nbytes + block - 1) // block,)
     phase = PHASE_COPY if two_launches else PHASE_BOTH
-    launched = [kernel[grid](*args, LEASE_FROM_PTR=values is None, BLOCK=block, PHASE=phase,
+    launched = [kernel[grid](*args, **meta, PHASE=phase,
                              num_warps=num_warps or TUNING["num_warps"])]
     if two_launches:
-        launched.append(kernel[(1,)](*args, LEASE_FROM_PTR=values is None, BLOCK=block,
-                                     PHASE=PHASE_FLAG,
+        extra = {"launch_pdl": True} if pdl else {}
+        launched.append(kernel[(1,)](*args, **meta, PHASE=PHASE_FLAG, **extra,
                                      num_warps=flag_num_warps or TUNING["flag_num_warps"]))
     return launched
+
+
+def _pick(value, key: str):
+    return TUNING[key] if value is None else value
+
+
+def _pdl_launch(kernel, pool: torch.Tensor, wanted: bool) -> bool:
+    """Whether the flag launch is a programmatic dependent launch: when ``wanted``, for the
+    JIT kernel launched for real (not recorded under tracing, where ``wrap_triton`` takes no
+    ``launch_pdl``, nor interpreted, which has no ``griddepcontrol``) on an sm_90+ device."""
+    return wanted and kernel is _publish_kernel and _has_pdl(pool.get_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _has_pdl(device_index: int) -> bool:
+    """Whether CUDA device ``device_index`` has programmatic dependent launch (sm_90+)."""
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 def _validate_and_launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count):

@@ -439,6 +439,50 @@ def test_interpreted_two_launches_copy_the_partial_last_block(nbytes, extra, blo
     assert args["state"].tolist() == [0, 1]
 
 
+class _RecordingKernel:
+    """Stands in for the JIT kernel: records each launch's grid, arguments and options."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (9, 0), (10, 0)])
+@pytest.mark.parametrize("real", [True, False], ids=["jit_kernel", "wrapped_kernel"])
+@pytest.mark.parametrize("two_launches", [False, True], ids=["one_launch", "two_launches"])
+def test_launch_passes_every_kernel_parameter_and_pdl_only_when_real(monkeypatch, two_launches,
+                                                                     real, capability):
+    """Every launch names each of the kernel's parameters (Inductor's mutation analysis of a
+    wrapped kernel takes no default, and failed on the GPU when the new ones were left to
+    their defaults), and the flag launch is a programmatic dependent launch only for the JIT
+    kernel launched for real, two launches, on sm_90 or later: ``wrap_triton`` takes no
+    ``launch_pdl``."""
+    recorder = _RecordingKernel()
+    if real:
+        monkeypatch.setattr(op, "_publish_kernel", recorder)
+    monkeypatch.setattr(op, "_has_pdl", lambda index: capability >= (9, 0))
+    args = _fill(contract.Dims(memory_size=4096, max_inflight_slices=3, consumer_count=2,
+                               src_shape=(1000,), src_dtype=torch.uint8),
+                 torch.Generator().manual_seed(0))
+    lease = torch.tensor(contract.Lease(512, 1536, 1000, 2, 77, 24, 28))
+    op._launch(recorder, args["pool"], args["src"], lease, args["state"], 3, 2, block_bytes=256,
+               two_launches=two_launches)
+    pdl = real and two_launches and capability >= (9, 0)
+    options = {"num_warps", "launch_pdl"}
+    assert [grid for grid, _, _ in recorder.launches] == ([(3,), (1,)] if two_launches
+                                                          else [(4,)])
+    for i, (_, positional, kwargs) in enumerate(recorder.launches):
+        names = _KERNEL_PARAMS[:len(positional)] + [k for k in kwargs if k not in options]
+        assert sorted(names) == sorted(_KERNEL_PARAMS)
+        assert kwargs["PDL"] is pdl
+        assert kwargs.get("launch_pdl", False) is (pdl and i == 1)  # the flag launch only
+
+
+_KERNEL_PARAMS = list(op._publish_kernel.arg_names)  # before any test patches the kernel
+
+
 # Each breaks one term of lease_fits for Lease(512, 1024, 397, 2, 77, 24, 28) in a 2048-byte
 # pool with 3 slots of 2 consumers (data from 256) and a 400-byte source.
 REFUSED = [
