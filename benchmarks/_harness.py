@@ -108,12 +108,14 @@ def fp8_gemm_tflops(n: int = 8192) -> float:
 
 @dataclass
 class Report:
-    """Rows of one benchmark plus the environment and ceilings they were measured with."""
+    """Rows of one benchmark plus the environment and ceilings they were measured with, and
+    the goals it checks (:meth:`check_bar`)."""
 
     name: str
     ceilings: dict = field(default_factory=dict)
     rows: list = field(default_factory=list)
     env: dict = field(default_factory=dict)
+    bars: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         props = torch.cuda.get_device_properties(0)
@@ -130,6 +132,15 @@ class Report:
         self.rows.append(row)
         return row
 
+    def check_bar(self, row: dict, key: str, op: str, goal: float) -> dict:
+        """Record whether ``row[key] op goal`` (``op``: ``"<="`` or ``">="``) holds."""
+        value = row[key]
+        bar = {"row": {k: v for k, v in row.items() if isinstance(v, str)}, "metric": key,
+               "goal": f"{op} {goal}", "value": value,
+               "met": value <= goal if op == "<=" else value >= goal}
+        self.bars.append(bar)
+        return bar
+
     def write(self, out: Path, columns: list[str], plot: Callable | None = None) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{self.name}.json").write_text(json.dumps(asdict(self), indent=2, default=str))
@@ -140,6 +151,10 @@ class Report:
                  "|" + "---|" * len(columns)]
         for r in self.rows:
             lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |")
+        if self.bars:
+            lines += ["", "| bar | metric | goal | value | met |", "|---|---|---|---|---|"]
+            lines += [f"| {', '.join(b['row'].values())} | {b['metric']} | {b['goal']} | "
+                      f"{_fmt(b['value'])} | {b['met']} |" for b in self.bars]
         (out / f"{self.name}.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         if plot is not None:

@@ -6,8 +6,9 @@ pool's eager ``copy_tensor`` path), the original path (``copy_`` into the lease,
 ``cuStreamWriteValue32`` of the ready word), ``copy_`` alone, and the floor (bytes read +
 written over the copy bandwidth measured in this run). Device-time medians (``do_bench``, L2
 flushed before each call) and CUDA-graph replays; every publish is checked bit for bit (bytes
-and ready word); a tuning sweep of the kernel; the host wall time of an eager publish. Needs
-cuda-bindings (the original path).
+and ready word); a tuning sweep of the kernel; the host wall time of an eager publish; and
+the issue's bars (``BARS``), written with the results. Needs cuda-bindings (the original
+path).
 
     python benchmarks/bench_transport_pool.py --out benchmarks/results
 """
@@ -36,17 +37,24 @@ from _harness import (
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20), ("256MiB", 256 << 20)]
 SLOTS, CONSUMERS = 64, 2
 # Kernel variants swept on every run (bytes per program, warps of the copy programs, one or
-# two launches; the two-launch flag program's warps are m.TUNING's), reported as floor /
+# two launches, the flag launch a programmatic dependent launch or not), reported as floor /
 # graph-replay time; the op picks them by size from m.TUNING (4 KiB/4 warps in one launch up
-# to 1 MiB, in two above).
-TUNING = [{"block_bytes": b, "num_warps": w, "two_launches": two}
-          for b, w, two in [(2048, 2, False), (4096, 4, False), (16384, 4, False),
-                            (4096, 4, True), (8192, 4, True), (16384, 4, True), (16384, 8, True),
-                            (32768, 4, True), (32768, 8, True)]]
+# to 1 MiB; 4 KiB/8 warps in two above, the flag launch a PDL).
+TUNING = [{"block_bytes": b, "num_warps": w, "two_launches": two, **extra}
+          for b, w, two, extra in [(2048, 2, False, {}), (4096, 4, False, {}),
+                                   (4096, 4, True, {"pdl": True}), (4096, 8, True, {"pdl": True}),
+                                   (4096, 8, True, {"pdl": False}),
+                                   (16384, 4, True, {"pdl": True}),
+                                   (8192, 16, True, {"pdl": True})]]
+# The issue's bars: a 64 KiB publish in at most 7 us, and at 256 MiB at least 0.95 of the
+# floor's bandwidth (graph replay, and the eager call).
+BARS = [("64KiB", "ours_graph_us", "<=", 7.0), ("256MiB", "ours_graph_bw_ratio", ">=", 0.95),
+        ("256MiB", "ours_bw_ratio", ">=", 0.95)]
 
 
 def _variant_name(v: dict) -> str:
-    return f"{v['block_bytes']}B/{v['num_warps']}w/{2 if v['two_launches'] else 1}L"
+    pdl = "-pdl" if v.get("pdl") else ""
+    return f"{v['block_bytes']}B/{v['num_warps']}w/{2 if v['two_launches'] else 1}L{pdl}"
 
 
 def main() -> None:
@@ -114,14 +122,23 @@ def main() -> None:
         )
         row = report.rows[-1]
         row["ours_bw_ratio"] = floor_us / row["ours_us"]
+        row["ours_graph_bw_ratio"] = floor_us / row["ours_graph_us"]
+        row["original_graph_bw_ratio"] = floor_us / row["original_graph_us"]
         row["speedup_vs_original"] = row["original_us"] / row["ours_us"]
+        row["graph_speedup_vs_original"] = row["original_graph_us"] / row["ours_graph_us"]
         pool.release(lease)
     pool.shutdown()
+    rows = {r["size"]: r for r in report.rows}
+    for size, key, op, goal in BARS:
+        report.check_bar(rows[size], key, op, goal)
 
     report.write(args.out, ["size", "bit_exact", "floor_us", "copy_us", "original_us", "ours_us",
                             "ours_args_us", "copy_graph_us", "original_graph_us",
                             "ours_graph_us", "eager_wall_us", "eager_wall_min_us",
-                            "ours_bw_ratio", "speedup_vs_original"], plot=_plot)
+                            "ours_bw_ratio", "ours_graph_bw_ratio", "original_graph_bw_ratio",
+                            "speedup_vs_original", "graph_speedup_vs_original"], plot=_plot)
+    for bar in report.bars:
+        print("bar:", bar)
     for r in report.rows:
         print(r["size"], "tuning (floor/time):",
               ", ".join(f"{k}={v:.3f}" for k, v in r["tuning_bw_ratio"].items()))
@@ -130,7 +147,9 @@ def main() -> None:
 def _plot(plt, report):
     series = [("floor (bytes / copy bandwidth)", "floor_us"), ("copy_ alone", "copy_us"),
               ("copy_ + cuStreamWriteValue32", "original_us"),
-              ("ours, lease tensor", "ours_us"), ("ours, lease arguments", "ours_args_us")]
+              ("ours, lease tensor", "ours_us"), ("ours, lease arguments", "ours_args_us"),
+              ("copy_ + cuStreamWriteValue32, graph", "original_graph_us"),
+              ("ours, graph", "ours_graph_us")]
     fig, ax = grouped_bars(plt, report, "size", series, "copy_and_publish",
                            "µs (median, log scale)")
     ax.legend(fontsize=7)

@@ -32,9 +32,13 @@ A reader on another device or on the host would need ``scope="sys"`` back.
 Above 1 MiB the same kernel runs as two launches instead: the copy of every whole block, with
 no counter and no mask, then one program that copies the partial last block (if any) and
 writes the flag (GPU-scope release after a CTA barrier, as above); the stream orders the copy
-kernel before it. One launch saves the second launch's latency (1.2 us on the H200), most of a
-small publish; but every program of one launch adds an atomic on one counter word, which at
-large sizes costs more than the second launch (``TUNING``). Keeping the masked partial block
+kernel before it. On sm_90+ that program is a programmatic dependent launch: it is resident
+before the copy ends, copies the partial block, and waits (``griddepcontrol.wait``) for the
+copy grid to complete and its memory to be visible, the guarantee stream order gives, before
+it writes the flag; so only 1.0 us of a 256 MiB publish is not the copy (2.4 us with a plain
+second launch, 2.1-2.3 us for ``cuStreamWriteValue32`` after ``copy_``). One launch saves the
+second launch, most of a small publish; but every program of one launch adds an atomic on one
+counter word, which at large sizes costs more than the second launch (``TUNING``). Keeping the masked partial block
 out of the many-program copy kernel keeps that kernel's registers low (``ptxas`` allocates for
 the union of a kernel's paths), hence many programs per SM and many bytes in flight.
 
@@ -152,8 +156,6 @@ def _publish_kernel(
     BLOCK: tl.constexpr,
     PHASE: tl.constexpr,
     PDL: tl.constexpr,
-    LOAD_CACHE: tl.constexpr,
-    STORE_CACHE: tl.constexpr,
 ):
     """One phase of a publish: ``_BOTH`` (one launch), or ``_COPY`` then ``_FLAG`` (two).
 
@@ -182,8 +184,7 @@ def _publish_kernel(
     resident before the copy ends; it copies the partial block (bytes no copy program writes)
     and runs ``griddepcontrol.wait`` before its release. That wait returns once the copy grid
     has completed and its memory is visible, the guarantee stream order gives without PDL;
-    launched without the attribute, both instructions are no-ops. ``LOAD_CACHE``,
-    ``STORE_CACHE``: cache modifiers of the source loads and pool stores.
+    launched without the attribute, both instructions are no-ops.
 
     pool_ptr: ``[memory_size]`` uint8, 256-byte aligned.
     src_ptr: ``[src_nbytes]`` uint8 (the source's bytes).
@@ -209,7 +210,7 @@ def _publish_kernel(
         if PDL:
             gdc_launch_dependents()
         # The grid has whole source blocks only.
-        data = tl.load(src_ptr + block_start + offs, cache_modifier=LOAD_CACHE)
+        data = tl.load(src_ptr + block_start + offs)
 
     # The lease, and lease_fits on the device (in the body, not a helper: see above). Every
     # term is evaluated: a difference that wraps for a wild value is only ever combined with a
@@ -258,7 +259,7 @@ def _publish_kernel(
         # Whole blocks only (a partial one is the flag program's), so no mask: stores only
         # where the block was loaded (nbytes <= src_nbytes when the lease fits).
         if fits & (block_start + BLOCK <= nbytes):
-            tl.store(dst_ptr + block_start + offs, data, cache_modifier=STORE_CACHE)
+            tl.store(dst_ptr + block_start + offs, data)
     else:
         if fits:
             # The partial last block, [tail, nbytes): its whole 16-byte vectors under a mask
@@ -285,76 +286,68 @@ def _publish_kernel(
             tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
 
 
-# Warps per program; bytes per program by source size, ``(up_to_bytes, block_bytes)``, the
-# first row whose bound holds; the size above which the publish takes two launches (the copy of
-# whole blocks, then a one-program launch that copies the partial last block and writes the
-# flag) instead of one; and the warps of that one program.
+# Bytes and warps per program, one launch (up to ``two_launches_above`` bytes) or two (the copy
+# of whole blocks, then a one-program launch that copies the partial last block and writes the
+# flag, with ``flag_num_warps`` warps, a programmatic dependent launch when ``pdl`` on sm_90+).
 #
-# Measured (H200, benchmarks/results/2026-11-30-session2/ and -session4/): in one launch every
-# program reads the lease and adds one atomic to the arrival counter; at 256 MiB 4 KiB blocks
-# (65536 programs) reached 0.53 of the floor in one launch, 16 KiB blocks 0.79. Up to 1 MiB one
-# launch is the faster (graph replay 7.8 us at 64 KiB, 9.0 in two, session 2); with 4 KiB
-# blocks and the GPU-scope flag it took 6.43-6.85 us (7.04 with the system-scope one).
-# Two launches, session 4, the copy kernel before and after it lost the masked partial block
-# (ptxas, sm_90: 108 -> 20 registers at 4 KiB/4 warps, 168 -> 40 at 16 KiB/4): 4 KiB blocks
-# went from 0.78 to 0.938-0.939 of the floor at 256 MiB, 16 KiB blocks from 0.933 to 0.887
-# (more programs of them in flight per SM made it slower, not faster); at 16 MiB 4 KiB blocks
-# measured 0.479-0.484 of the floor and 16 KiB ones 0.488-0.501. Hence 4 KiB blocks at every
-# size. Speed choices only: under tracing they are taken from the size's hint without a
-# guard, so no size recompiles.
-TUNING = {"num_warps": 4, "block_bytes": ((None, 4096),),
-          "two_launches_above": 1 << 20, "flag_num_warps": 4, "pdl": True,
-          "load_cache": "", "store_cache": ""}
-
-
-def block_bytes_for(src_nbytes) -> int:
-    """The ``BLOCK`` of a source of ``src_nbytes`` bytes (an int or a SymInt)."""
-    size = hint(src_nbytes)
-    return next(block for bound, block in TUNING["block_bytes"]
-                if bound is None or size <= bound)
+# Measured (H200, graph replays, benchmarks/results/2026-11-30-session{2,4,5}/): in one launch
+# every program reads the lease and adds one atomic to the arrival counter; at 256 MiB 4 KiB
+# blocks (65536 programs) reached 0.53-0.71 of the floor in one launch, 16 KiB blocks 0.79-0.82.
+# Up to 1 MiB one launch is the faster (graph replay 6.4-6.9 us at 64 KiB with the GPU-scope
+# flag; two launches with PDL 6.7-6.8). Two launches: the copy kernel without a masked path
+# (ptxas, sm_90: 108 -> 20 registers at 4 KiB/4 warps) took 4 KiB blocks from 0.78 to 0.938 of
+# the floor at 256 MiB (session 4). Session 5, 256 MiB, three passes each:
+# * the flag launch as a PDL: 0.935 -> 0.943-0.946 at 4 KiB/4 warps (1.0 us left after the
+#   copy kernel, against 2.4 us for a plain second launch and 2.1-2.3 us for copy_'s
+#   cuStreamWriteValue32);
+# * 4 KiB blocks of 8 warps, one 16-byte vector per thread: 0.950 (4 warps: 0.946); the copy
+#   kernel alone 0.957, copy_ (the copy engine) 0.962. Larger blocks lose (8 KiB/16 warps
+#   0.906, 16 KiB/32 warps 0.857: a program holds its SM slot until its slowest warp is
+#   done), smaller ones are bound by the rate programs start at (2 KiB: 0.77, 1 KiB: 0.39);
+# * cache modifiers and L2 eviction hints: ld.cg +-0.001, st.cs -0.003, st.cg -0.001,
+#   evict_first loads -0.018, evict_last stores -0.007; none kept.
+# At 16 MiB every two-launch shape with PDL is within noise (0.51-0.54 of the floor).
+# Speed choices only: under tracing they are taken from the size's hint without a guard, so
+# no size recompiles.
+TUNING = {"one_launch": {"block_bytes": 4096, "num_warps": 4},
+          "two_launches": {"block_bytes": 4096, "num_warps": 8, "flag_num_warps": 4,
+                           "pdl": True},
+          "two_launches_above": 1 << 20}
 
 
 def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
-            values: Optional[Sequence[int]] = None, block_bytes=None,
-            num_warps=None, two_launches=None, flag_num_warps=None, pdl=None,
-            load_cache=None, store_cache=None):
+            values: Optional[Sequence[int]] = None, two_launches=None, **tuning):
     """Launch ``kernel`` (JIT, wrapped or interpreted) on validated inputs; ``values``: the
-    lease's fields on the host (``lease`` is then not read). ``block_bytes`` (a power of two,
-    at least 16), ``num_warps``, ``two_launches``, ``flag_num_warps``, ``pdl``,
-    ``load_cache``, ``store_cache``: ``TUNING`` unless given; ``pdl`` only ever applies to a
-    real two-launch publish on an sm_90+ device (:func:`_pdl_launch`). Returns what the
-    launches return (compiled kernels, for a probe's ``n_regs``)."""
+    lease's fields on the host (``lease`` is then not read). ``two_launches`` and ``tuning``
+    (``block_bytes``: a power of two, at least 16; ``num_warps``; with two launches
+    ``flag_num_warps`` and ``pdl``) override ``TUNING``; ``pdl`` only ever applies to a real
+    launch on an sm_90+ device (:func:`_pdl_launch`). Returns what the launches return
+    (compiled kernels, for a probe's ``n_regs``)."""
     src_bytes = src.view(-1).view(torch.uint8)  # a view: the kernel reads any dtype as bytes
     src_nbytes = src_bytes.shape[0]
-    block = block_bytes or block_bytes_for(src_nbytes)
-    assert block >= 16 and block & (block - 1) == 0, block  # whole 16-byte vectors per block
     if two_launches is None:
         two_launches = hint(src_nbytes) > TUNING["two_launches_above"]
-    pdl = two_launches and _pdl_launch(kernel, pool, _pick(pdl, "pdl"))
+    tuning = {**TUNING["two_launches" if two_launches else "one_launch"], **tuning}
+    block = tuning["block_bytes"]
+    assert block >= 16 and block & (block - 1) == 0, block  # whole 16-byte vectors per block
+    pdl = two_launches and _pdl_launch(kernel, pool, tuning.get("pdl", False))
     lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
     args = (pool, src_bytes, lease, state, pool.shape[0], src_nbytes,
             contract.data_start(max_inflight_slices, consumer_count),
             contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args)
-    # Every constexpr, defaults included: Inductor's analysis of a wrapped kernel's
-    # mutations takes no default.
-    meta = dict(LEASE_FROM_PTR=values is None, BLOCK=block, PDL=pdl,
-                LOAD_CACHE=_pick(load_cache, "load_cache"),
-                STORE_CACHE=_pick(store_cache, "store_cache"))
+    # Every constexpr, PDL=False included: Inductor's analysis of a wrapped kernel's mutations
+    # takes no default.
+    meta = dict(LEASE_FROM_PTR=values is None, BLOCK=block, PDL=pdl)
     # Two launches: the copy's grid covers the whole source blocks only (possibly none), so
     # its programs load unmasked; the flag program copies the rest of the lease.
     grid = (src_nbytes // block,) if two_launches else ((src_nbytes + block - 1) // block,)
     phase = PHASE_COPY if two_launches else PHASE_BOTH
-    launched = [kernel[grid](*args, **meta, PHASE=phase,
-                             num_warps=num_warps or TUNING["num_warps"])]
+    launched = [kernel[grid](*args, **meta, PHASE=phase, num_warps=tuning["num_warps"])]
     if two_launches:
         extra = {"launch_pdl": True} if pdl else {}
         launched.append(kernel[(1,)](*args, **meta, PHASE=PHASE_FLAG, **extra,
-                                     num_warps=flag_num_warps or TUNING["flag_num_warps"]))
+                                     num_warps=tuning["flag_num_warps"]))
     return launched
-
-
-def _pick(value, key: str):
-    return TUNING[key] if value is None else value
 
 
 def _pdl_launch(kernel, pool: torch.Tensor, wanted: bool) -> bool:

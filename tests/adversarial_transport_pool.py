@@ -80,11 +80,14 @@ def _awkward_sources(gen) -> int:
             cases += 1
         for short in (0, 17) if nbytes > 17 else (0,):
             for block_bytes in (4096, 16384):
-                for two_launches in (False, True):
+                # One launch, then two: with the flag launch a programmatic dependent launch
+                # (sm_90+) and without.
+                for tuning in ({"two_launches": False}, {"two_launches": True, "pdl": True},
+                               {"two_launches": True, "pdl": False}):
                     _publish_and_check(pool, src, lease._replace(nbytes=nbytes - short,
                                                                  generation=11 + cases),
                                        slots, consumers, True, block_bytes=block_bytes,
-                                       two_launches=two_launches)
+                                       **tuning)
                     cases += 1
     return cases
 
