@@ -457,20 +457,22 @@ def test_out_of_range_topk_lengths_are_clamped_and_counted_once_per_token():
                                                    ((10, 0), False)])
 def test_auto_picks_the_gluon_kernel_on_sm90_devices_only(capability, expected, monkeypatch):
     """The kernel choice on fake CUDA tensors of a device of each capability; asked once
-    per device index."""
+    per device index. (A fake CUDA tensor makes a real one on a machine with a GPU: there,
+    device 0, which exists.)"""
     asked = []
+    index = 0 if torch.cuda.is_available() else 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability",
                         lambda index: asked.append(index) or capability)
     op._is_sm90.cache_clear()
     try:
         with fake_mode():
-            q = torch.empty(3, 64, 576, dtype=contract.FP8, device="cuda:1")
+            q = torch.empty(3, 64, 576, dtype=contract.FP8, device=f"cuda:{index}")
             picks = [op.warp_specialized(q) for _ in range(3)]
     finally:
         op._is_sm90.cache_clear()
     assert picks == [expected and op._sparse_mla_gluon.AVAILABLE] * 3
-    assert asked == ([1] if op._sparse_mla_gluon.AVAILABLE else [])
+    assert asked == ([index] if op._sparse_mla_gluon.AVAILABLE else [])
 
 
 # The Gluon kernel's signature for an ahead-of-time sm_90 build (pointers 16-byte aligned, as
