@@ -458,7 +458,8 @@ def test_out_of_range_topk_lengths_are_clamped_and_counted_once_per_token():
 def test_auto_picks_the_gluon_kernel_on_sm90_devices_only(capability, expected, monkeypatch):
     """The kernel choice on fake CUDA tensors of a device of each capability; asked once
     per device index. (A fake CUDA tensor makes a real one on a machine with a GPU: there,
-    device 0, which exists.)"""
+    device 0, which exists; and CUDA's lazy initialisation then asks for capabilities too,
+    so the op's own queries are counted by its cache.)"""
     asked = []
     index = 0 if torch.cuda.is_available() else 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -469,10 +470,14 @@ def test_auto_picks_the_gluon_kernel_on_sm90_devices_only(capability, expected, 
         with fake_mode():
             q = torch.empty(3, 64, 576, dtype=contract.FP8, device=f"cuda:{index}")
             picks = [op.warp_specialized(q) for _ in range(3)]
+            queries = op._is_sm90.cache_info()
     finally:
         op._is_sm90.cache_clear()
-    assert picks == [expected and op._sparse_mla_gluon.AVAILABLE] * 3
-    assert asked == ([index] if op._sparse_mla_gluon.AVAILABLE else [])
+    available = op._sparse_mla_gluon.AVAILABLE
+    assert picks == [expected and available] * 3
+    assert (queries.misses, queries.hits) == ((1, 2) if available else (0, 0))
+    if available:
+        assert asked[-1] == index
 
 
 # The Gluon kernel's signature for an ahead-of-time sm_90 build (pointers 16-byte aligned, as
