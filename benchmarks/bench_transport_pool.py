@@ -4,11 +4,11 @@ For 64 KiB, 1 MiB, 16 MiB and 256 MiB: ours (one launch up to 1 MiB, two above; 
 read from a device tensor, as a captured graph does, and the lease as kernel arguments, the
 pool's eager ``copy_tensor`` path), the original path (``copy_`` into the lease, then
 ``cuStreamWriteValue32`` of the ready word), ``copy_`` alone, and the floor (bytes read +
-written over the copy bandwidth measured in this run). Device-time medians (``do_bench``, L2
-flushed before each call) and CUDA-graph replays; every publish is checked bit for bit (bytes
-and ready word); a tuning sweep of the kernel; the host wall time of an eager publish; and
-the issue's bars (``BARS``), written with the results. Needs cuda-bindings (the original
-path).
+written over the copy bandwidth, measured just before and just after each size's timings).
+Device-time medians (``do_bench``, L2 flushed before each call) and CUDA-graph replays; every
+publish is checked bit for bit (bytes and ready word); a tuning sweep of the kernel; the host
+wall time of an eager publish; and the issue's bars (``BARS``), written with the results.
+Needs cuda-bindings (the original path).
 
     python benchmarks/bench_transport_pool.py --out benchmarks/results
 """
@@ -75,7 +75,6 @@ def main() -> None:
         state = m.new_state("cuda")
         dst = pool.tensor[lease.start:lease.start + nbytes]
         ready = pool.tensor[lease.ready_byte_offset:lease.ready_byte_offset + 4].view(torch.int32)
-        floor_us = 2 * nbytes / bw
 
         def ours_tensor():
             pool.publish(src, lease_t, state)
@@ -99,17 +98,19 @@ def main() -> None:
             torch.cuda.synchronize()
             exact &= torch.equal(dst, src) and int(ready) == lease.generation
 
-        tuning = {}
+        # The copy bandwidth again just before and just after this size's timings: the floor
+        # uses their mean, so a drift of the GPU's speed during the run (seen: 1% between two
+        # runs minutes apart) moves the floor with the timings it is compared with.
+        bw_before = copy_bandwidth_bytes_per_us()
+        tuning_us = {}
         for variant in TUNING:
             def launch(variant=variant):
                 m._launch(m._publish_kernel, pool.tensor, src, lease_t, state, SLOTS, CONSUMERS,
                           **variant)
-            tuning[_variant_name(variant)] = floor_us / graph_replay_us(launch)
-
+            tuning_us[_variant_name(variant)] = graph_replay_us(launch)
         wall, wall_min = wall_us(ours_args, calls=200)
-        report.add(
+        row = report.add(
             size=name, bytes=nbytes, bit_exact=exact and int(state[m.ERRORS]) == 0,
-            floor_us=floor_us,
             copy_us=median_us(lambda: dst.copy_(src)),
             original_us=median_us(original),
             ours_us=median_us(ours_tensor),
@@ -118,9 +119,12 @@ def main() -> None:
             original_graph_us=graph_replay_us(original),
             ours_graph_us=graph_replay_us(ours_tensor),
             eager_wall_us=wall, eager_wall_min_us=wall_min,
-            tuning_bw_ratio=tuning,
         )
-        row = report.rows[-1]
+        bw_after = copy_bandwidth_bytes_per_us()
+        floor_us = 2 * nbytes / ((bw_before + bw_after) / 2)
+        row.update(floor_us=floor_us, copy_bandwidth_TBps_before=bw_before / 1e6,
+                   copy_bandwidth_TBps_after=bw_after / 1e6,
+                   tuning_bw_ratio={k: floor_us / us for k, us in tuning_us.items()})
         row["ours_bw_ratio"] = floor_us / row["ours_us"]
         row["ours_graph_bw_ratio"] = floor_us / row["ours_graph_us"]
         row["original_graph_bw_ratio"] = floor_us / row["original_graph_us"]
@@ -132,8 +136,9 @@ def main() -> None:
     for size, key, op, goal in BARS:
         report.check_bar(rows[size], key, op, goal)
 
-    report.write(args.out, ["size", "bit_exact", "floor_us", "copy_us", "original_us", "ours_us",
-                            "ours_args_us", "copy_graph_us", "original_graph_us",
+    report.write(args.out, ["size", "bit_exact", "copy_bandwidth_TBps_before",
+                            "copy_bandwidth_TBps_after", "floor_us", "copy_us", "original_us",
+                            "ours_us", "ours_args_us", "copy_graph_us", "original_graph_us",
                             "ours_graph_us", "eager_wall_us", "eager_wall_min_us",
                             "ours_bw_ratio", "ours_graph_bw_ratio", "original_graph_bw_ratio",
                             "speedup_vs_original", "graph_speedup_vs_original"], plot=_plot)

@@ -38,9 +38,10 @@ copy grid to complete and its memory to be visible, the guarantee stream order g
 it writes the flag; so only 1.0 us of a 256 MiB publish is not the copy (2.4 us with a plain
 second launch, 2.1-2.3 us for ``cuStreamWriteValue32`` after ``copy_``). One launch saves the
 second launch, most of a small publish; but every program of one launch adds an atomic on one
-counter word, which at large sizes costs more than the second launch (``TUNING``). Keeping the masked partial block
-out of the many-program copy kernel keeps that kernel's registers low (``ptxas`` allocates for
-the union of a kernel's paths), hence many programs per SM and many bytes in flight.
+counter word, which at large sizes costs more than the second launch (``TUNING``). Keeping the
+masked partial block out of the many-program copy kernel keeps that kernel's registers low
+(``ptxas`` allocates for the union of a kernel's paths), hence many programs per SM and many
+bytes in flight.
 
 The lease is read from an int64 CUDA tensor, so one captured CUDA graph publishes into a new
 lease on every replay (write the tensor, replay). Its values are checked on the device against
