@@ -1,0 +1,13 @@
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/install.log 2>&1 || cat /tmp/install.log
+step() { local log=$1 t=$2; shift 2; local s=$(date +%s); timeout $t "$@" > $OUT/$log 2>&1; echo "=== exit $? in $(( $(date +%s) - s )) s: $log"; }
+step auto-picks-tests.log 120 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_sparse_mla_prefill.py -k "auto_picks"
+tail -2 $OUT/auto-picks-tests.log
+step ipc-10000-transfers.log 150 python3 tests/gpu_transport_ipc.py --transfers 10000
+tail -3 $OUT/ipc-10000-transfers.log
+for i in 2 3; do
+  mkdir -p $OUT/bench$i
+  step bench$i/bench_transport_pool.log 120 python3 benchmarks/bench_transport_pool.py --out $OUT/bench$i
+  grep -E "^\| 256MiB|^\| 64KiB|bar:" $OUT/bench$i/bench_transport_pool.log | cut -c1-300
+done
