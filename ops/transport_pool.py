@@ -114,24 +114,23 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_INFLIGHT_SLICES = 4096
 
-# Word indices of the lease tensor (the fields of Lease, in order) and of the state tensor.
-_START = tl.constexpr(Lease._fields.index("start"))
-_END = tl.constexpr(Lease._fields.index("end"))
-_NBYTES = tl.constexpr(Lease._fields.index("nbytes"))
-_SLOT = tl.constexpr(Lease._fields.index("slot"))
-_GENERATION = tl.constexpr(Lease._fields.index("generation"))
-_READY = tl.constexpr(Lease._fields.index("ready_byte_offset"))
-_ACK = tl.constexpr(Lease._fields.index("ack_byte_offset"))
-_LEASE_WORDS = tl.constexpr(LEASE_WORDS)
-_ARRIVALS = tl.constexpr(ARRIVALS)
-_ERRORS = tl.constexpr(ERRORS)
-_ALIGN = tl.constexpr(DATA_ALIGNMENT)
-_WORD = tl.constexpr(WORD_BYTES)
-_MAX_GENERATION = tl.constexpr(MAX_GENERATION)
-_VECTOR = tl.constexpr(16)  # bytes of the widest global access (ld/st.v4.b32)
 # The kernel's phases (see _publish_kernel).
 PHASE_BOTH, PHASE_COPY, PHASE_FLAG = 0, 1, 2
-_BOTH, _COPY, _FLAG = tl.constexpr(PHASE_BOTH), tl.constexpr(PHASE_COPY), tl.constexpr(PHASE_FLAG)
+# The constants _publish_kernel defines in its body, by name (a test checks the two agree).
+# They are not globals of the kernel: on every launch Triton compares each global constant a
+# kernel reads with its value at compile time, and the 15 this kernel had cost 9.6 us of host
+# time per launch (measured on a CPU here; a two-launch publish pays it twice).
+KERNEL_CONSTANTS = {
+    # words of the lease tensor (the fields of Lease, in order) and of the state tensor
+    **{"_" + name.upper(): Lease._fields.index(field) for name, field in (
+        ("start", "start"), ("end", "end"), ("nbytes", "nbytes"), ("slot", "slot"),
+        ("generation", "generation"), ("ready", "ready_byte_offset"),
+        ("ack", "ack_byte_offset"))},
+    "_ARRIVALS": ARRIVALS, "_ERRORS": ERRORS,
+    "_ALIGN": DATA_ALIGNMENT, "_WORD": WORD_BYTES, "_MAX_GENERATION": MAX_GENERATION,
+    "_VECTOR": 16,  # bytes of the widest global access (ld/st.v4.b32)
+    "_BOTH": PHASE_BOTH, "_COPY": PHASE_COPY,
+}
 
 
 @triton.jit(do_not_specialize=["start_arg", "end_arg", "nbytes_arg", "slot_arg",
@@ -158,17 +157,18 @@ def _publish_kernel(
     PHASE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One phase of a publish: ``_BOTH`` (one launch), or ``_COPY`` then ``_FLAG`` (two).
+    """One phase of a publish: ``PHASE_BOTH`` (one launch), or ``PHASE_COPY`` then
+    ``PHASE_FLAG`` (two).
 
-    ``_BOTH``, grid ``(cdiv(src_nbytes, BLOCK),)``: program ``pid`` copies the bytes of
+    ``PHASE_BOTH``, grid ``(cdiv(src_nbytes, BLOCK),)``: program ``pid`` copies the bytes of
     ``[pid * BLOCK, (pid + 1) * BLOCK)`` that lie below the lease's ``nbytes`` (a partial
     block masked), then arrives at the counter; the last program to arrive writes the flag.
 
-    ``_COPY``, grid ``(src_nbytes // BLOCK,)`` (whole source blocks only, possibly none):
+    ``PHASE_COPY``, grid ``(src_nbytes // BLOCK,)`` (whole source blocks only, possibly none):
     program ``pid`` copies its block, unmasked, if the whole block lies below ``nbytes``, and
-    does nothing otherwise. ``_FLAG``, grid
-    ``(1,)``, after ``_COPY`` in stream order (so after every whole block): copies the partial
-    last block ``[nbytes // BLOCK * BLOCK, nbytes)`` itself, masked, and then writes the
+    does nothing otherwise. ``PHASE_FLAG``, grid ``(1,)``, after ``PHASE_COPY`` in stream
+    order (so after every whole block): copies the partial last block
+    ``[nbytes // BLOCK * BLOCK, nbytes)`` itself, masked, and then writes the
     flag, or counts a lease that does not fit. So the many-program copy kernel holds no masked
     path: ``ptxas`` allocates registers for the union of a kernel's paths, and the per-byte
     masked path with its 64-bit offsets took them from 20 to 108 per thread at 4 KiB and 4
@@ -194,6 +194,23 @@ def _publish_kernel(
     state_ptr: ``[STATE_WORDS]`` int32: arrival counter (0 between launches), error count.
     data_start, slot_bytes, n_slots: the pool's layout (trace-time constants).
     """
+    # KERNEL_CONSTANTS, defined here rather than read as globals (see there).
+    _START: tl.constexpr = 0
+    _END: tl.constexpr = 1
+    _NBYTES: tl.constexpr = 2
+    _SLOT: tl.constexpr = 3
+    _GENERATION: tl.constexpr = 4
+    _READY: tl.constexpr = 5
+    _ACK: tl.constexpr = 6
+    _ARRIVALS: tl.constexpr = 0
+    _ERRORS: tl.constexpr = 1
+    _ALIGN: tl.constexpr = 256
+    _WORD: tl.constexpr = 4
+    _MAX_GENERATION: tl.constexpr = 0x7FFFFFFF
+    _VECTOR: tl.constexpr = 16
+    _BOTH: tl.constexpr = 0
+    _COPY: tl.constexpr = 1  # and anything else is the flag phase
+
     # The source block's addresses do not depend on the lease: it is loaded first, so that its
     # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes). Whole
     # blocks go unmasked: a mask against a runtime bound splits the 16-byte vectors into

@@ -11,9 +11,12 @@ one producer with two consumer processes over CUDA IPC (``tests/gpu_transport_ip
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import subprocess
 import sys
+import textwrap
 import time
 import unittest
 from pathlib import Path
@@ -478,6 +481,18 @@ def test_launch_passes_every_kernel_parameter_and_pdl_only_when_real(monkeypatch
         assert sorted(names) == sorted(_KERNEL_PARAMS)
         assert kwargs["PDL"] is pdl
         assert kwargs.get("launch_pdl", False) is (pdl and i == 1)  # the flag launch only
+
+
+def test_kernel_constants_are_local_and_match_the_layout():
+    """The kernel defines its constants in its body, with the values of KERNEL_CONSTANTS (the
+    layout of strictops.meta), and reads no global constant: Triton compares every global
+    constant a kernel reads with its compile-time value on each launch, on the host."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(op._publish_kernel.fn)))
+    local = {node.target.id: ast.literal_eval(node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.AnnAssign) and ast.unparse(node.annotation) == "tl.constexpr"}
+    assert local == op.KERNEL_CONSTANTS
+    op._publish_kernel.cache_key  # noqa: B018 (computes the kernel's dependencies)
+    assert not op._publish_kernel.used_global_vals
 
 
 _KERNEL_PARAMS = list(op._publish_kernel.arg_names)  # before any test patches the kernel
