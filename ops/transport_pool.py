@@ -268,8 +268,11 @@ def _publish_kernel(
             tl.debug_barrier()
             arrived = tl.atomic_add(state_ptr + _ARRIVALS, 1, sem="acq_rel", scope="gpu")
             if arrived == tl.num_programs(0) - 1:
-                tl.atomic_xchg(state_ptr + _ARRIVALS, 0, sem="relaxed", scope="gpu")
                 tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="gpu")
+                # The counter back to 0 after the flag, not before: the flag's release would
+                # wait for that write to complete first, and nothing else needs it before
+                # this launch ends (a publish on the same state follows in stream order).
+                tl.atomic_xchg(state_ptr + _ARRIVALS, 0, sem="relaxed", scope="gpu")
         else:
             if block_start == 0:
                 tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
