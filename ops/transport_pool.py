@@ -348,6 +348,9 @@ def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count
     src_nbytes = src_bytes.shape[0]
     if two_launches is None:
         two_launches = hint(src_nbytes) > TUNING["two_launches_above"]
+    unknown = set(tuning) - set(TUNING["two_launches"])
+    if unknown:
+        raise TypeError(f"unknown tuning keys {sorted(unknown)}")
     tuning = {**TUNING["two_launches" if two_launches else "one_launch"], **tuning}
     block = tuning["block_bytes"]
     assert block >= 16 and block & (block - 1) == 0, block  # whole 16-byte vectors per block

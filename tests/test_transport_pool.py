@@ -495,6 +495,15 @@ def test_kernel_constants_are_local_and_match_the_layout():
     assert not op._publish_kernel.used_global_vals
 
 
+def test_launch_refuses_an_unknown_tuning_key():
+    args = _fill(contract.Dims(memory_size=4096, max_inflight_slices=3, consumer_count=2,
+                               src_shape=(1000,), src_dtype=torch.uint8),
+                 torch.Generator().manual_seed(0))
+    lease = torch.tensor(contract.Lease(512, 1536, 1000, 2, 77, 24, 28))
+    with pytest.raises(TypeError, match=r"unknown tuning keys \['num_warp'\]"):
+        op.launch_interpreted(**args, lease=lease, num_warp=8)
+
+
 _KERNEL_PARAMS = list(op._publish_kernel.arg_names)  # before any test patches the kernel
 
 
