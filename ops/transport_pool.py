@@ -118,18 +118,26 @@ DEFAULT_MAX_INFLIGHT_SLICES = 4096
 PHASE_BOTH, PHASE_COPY, PHASE_FLAG = 0, 1, 2
 # The constants _publish_kernel defines in its body, by name (a test checks the two agree).
 # They are not globals of the kernel: on every launch Triton compares each global constant a
-# kernel reads with its value at compile time, and the 15 this kernel had cost 9.6 us of host
-# time per launch (measured on a CPU here; a two-launch publish pays it twice).
+# kernel reads with its value at compile time. The 15 this kernel read cost 9.6 us per launch
+# on a CPU here; with them gone, an eager 64 KiB publish took 36 us of host time on the H200
+# machine instead of 89 (benchmarks/results/2026-11-30-session5/).
 KERNEL_CONSTANTS = {
     # words of the lease tensor (the fields of Lease, in order) and of the state tensor
-    **{"_" + name.upper(): Lease._fields.index(field) for name, field in (
-        ("start", "start"), ("end", "end"), ("nbytes", "nbytes"), ("slot", "slot"),
-        ("generation", "generation"), ("ready", "ready_byte_offset"),
-        ("ack", "ack_byte_offset"))},
-    "_ARRIVALS": ARRIVALS, "_ERRORS": ERRORS,
-    "_ALIGN": DATA_ALIGNMENT, "_WORD": WORD_BYTES, "_MAX_GENERATION": MAX_GENERATION,
+    "_START": Lease._fields.index("start"),
+    "_END": Lease._fields.index("end"),
+    "_NBYTES": Lease._fields.index("nbytes"),
+    "_SLOT": Lease._fields.index("slot"),
+    "_GENERATION": Lease._fields.index("generation"),
+    "_READY": Lease._fields.index("ready_byte_offset"),
+    "_ACK": Lease._fields.index("ack_byte_offset"),
+    "_ARRIVALS": ARRIVALS,
+    "_ERRORS": ERRORS,
+    "_ALIGN": DATA_ALIGNMENT,
+    "_WORD": WORD_BYTES,
+    "_MAX_GENERATION": MAX_GENERATION,
     "_VECTOR": 16,  # bytes of the widest global access (ld/st.v4.b32)
-    "_BOTH": PHASE_BOTH, "_COPY": PHASE_COPY,
+    "_BOTH": PHASE_BOTH,
+    "_COPY": PHASE_COPY,
 }
 
 
