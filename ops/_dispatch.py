@@ -10,11 +10,15 @@ Everything that needs the dispatcher still gets it: Dynamo tracing, any Python d
 torch-function mode (``FakeTensorMode``, ``FunctionalTensorMode``, proxy tracing), functorch
 transforms, tensor subclasses, and autograd on the inputs (so that the usual in-place rules
 apply).
+
+Also the eager launch path's device helpers: the device to launch on (:func:`on_device_of`) and
+its compute capability, asked once per device (:func:`device_capability`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -41,3 +45,10 @@ def on_device_of(t: torch.Tensor, real_launch: bool = True):
     if not real_launch or t.get_device() == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(t.device)
+
+
+@functools.lru_cache(maxsize=None)
+def device_capability(device_index: int) -> tuple[int, int]:
+    """CUDA device ``device_index``'s compute capability, asked once per device: eager calls
+    that pick a kernel or a launch mode by it ask on every call."""
+    return torch.cuda.get_device_capability(device_index)

@@ -46,7 +46,6 @@ added to it on the device, to read whenever convenient.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Optional
 
 import torch
@@ -58,7 +57,7 @@ from strictops.meta import sparse_mla_prefill as contract
 from strictops.meta._specs import TensorSpec
 
 from . import _sparse_mla_gluon
-from ._dispatch import can_skip_dispatcher, on_device_of
+from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
 from ._interpret import interpreted
 
 __all__ = [
@@ -260,11 +259,9 @@ def warp_specialized(q: torch.Tensor) -> bool:
     return torch.cuda.is_available() and _is_sm90(q.get_device())
 
 
-@functools.lru_cache(maxsize=None)
 def _is_sm90(device_index: int) -> bool:
-    """Whether CUDA device ``device_index`` is a Hopper (sm_90); asked once per device, as
-    every eager call asks it."""
-    return torch.cuda.get_device_capability(device_index) == (9, 0)
+    """Whether CUDA device ``device_index`` is a Hopper (sm_90)."""
+    return device_capability(device_index) == (9, 0)
 
 
 def _launch_warp_specialized(q, *args):

@@ -66,7 +66,6 @@ on first use.
 from __future__ import annotations
 
 import bisect
-import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -94,7 +93,7 @@ from strictops.meta.transport_pool import (
 )
 
 from . import _cuda_stream
-from ._dispatch import can_skip_dispatcher, on_device_of
+from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
 from ._interpret import interpreted
 
 __all__ = [
@@ -389,10 +388,9 @@ def _pdl_launch(kernel, pool: torch.Tensor, wanted: bool) -> bool:
     return wanted and kernel is _publish_kernel and _has_pdl(pool.get_device())
 
 
-@functools.lru_cache(maxsize=None)
 def _has_pdl(device_index: int) -> bool:
     """Whether CUDA device ``device_index`` has programmatic dependent launch (sm_90+)."""
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+    return device_capability(device_index) >= (9, 0)
 
 
 def _validate_and_launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count):

@@ -42,6 +42,7 @@ from strictops.meta.testing import (
 )
 from strictops.ops import sparse_mla_prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
+from strictops.ops._dispatch import device_capability
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Sizes for the pinned messages: distinct, so a message that shows the wrong size shows it.
@@ -459,20 +460,20 @@ def test_auto_picks_the_gluon_kernel_on_sm90_devices_only(capability, expected, 
     """The kernel choice on fake CUDA tensors of a device of each capability; asked once
     per device index. (A fake CUDA tensor makes a real one on a machine with a GPU: there,
     device 0, which exists; and CUDA's lazy initialisation then asks for capabilities too,
-    so the op's own queries are counted by its cache.)"""
+    so the op's own queries are counted by their cache.)"""
     asked = []
     index = 0 if torch.cuda.is_available() else 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability",
                         lambda index: asked.append(index) or capability)
-    op._is_sm90.cache_clear()
+    device_capability.cache_clear()
     try:
         with fake_mode():
             q = torch.empty(3, 64, 576, dtype=contract.FP8, device=f"cuda:{index}")
             picks = [op.warp_specialized(q) for _ in range(3)]
-            queries = op._is_sm90.cache_info()
+            queries = device_capability.cache_info()
     finally:
-        op._is_sm90.cache_clear()
+        device_capability.cache_clear()
     available = op._sparse_mla_gluon.AVAILABLE
     assert picks == [expected and available] * 3
     assert (queries.misses, queries.hits) == ((1, 2) if available else (0, 0))
