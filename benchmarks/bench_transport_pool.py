@@ -4,10 +4,11 @@ For 64 KiB, 1 MiB, 16 MiB and 256 MiB: ours (one launch up to 1 MiB, two above; 
 read from a device tensor, as a captured graph does, and the lease as kernel arguments, the
 pool's eager ``copy_tensor`` path), the original path (``copy_`` into the lease, then
 ``cuStreamWriteValue32`` of the ready word), ``copy_`` alone, and the floor (bytes read +
-written over the copy bandwidth, measured just before and just after each size's timings).
-Device-time medians (``do_bench``, L2 flushed before each call) and CUDA-graph replays; every
-publish is checked bit for bit (bytes and ready word); a tuning sweep of the kernel; the host
-wall time of an eager publish; and the issue's bars (``BARS``), written with the results.
+written over the copy bandwidth, measured between timing rounds). Device-time medians
+(``do_bench``, L2 flushed before each call) and CUDA-graph replays, in ``ROUNDS`` rounds per
+size; every publish is checked bit for bit (bytes and ready word); a tuning sweep of the
+kernel; the host wall time of an eager publish; and the issue's bars (``BARS``, on the median
+over the rounds), written with the results.
 Needs cuda-bindings (the original path).
 
     python benchmarks/bench_transport_pool.py --out benchmarks/results
@@ -16,6 +17,7 @@ Needs cuda-bindings (the original path).
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 
 import torch
@@ -37,24 +39,31 @@ from _harness import (
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20), ("256MiB", 256 << 20)]
 SLOTS, CONSUMERS = 64, 2
 # Kernel variants swept on every run (bytes per program, warps of the copy programs, one or
-# two launches, the flag launch a programmatic dependent launch or not), reported as floor /
-# graph-replay time; the op picks them by size from m.TUNING (4 KiB/4 warps in one launch up
-# to 1 MiB; 4 KiB/8 warps in two above, the flag launch a PDL).
+# two launches, the flag launch a programmatic dependent launch or not, its warps when not
+# TUNING's), reported as floor / graph-replay time; the op picks them by size from m.TUNING
+# (4 KiB/4 warps in one launch up to 1 MiB; 4 KiB/8 warps in two above, the flag launch a PDL
+# of 4 warps).
 TUNING = [{"block_bytes": b, "num_warps": w, "two_launches": two, **extra}
           for b, w, two, extra in [(2048, 2, False, {}), (4096, 4, False, {}),
                                    (4096, 4, True, {"pdl": True}), (4096, 8, True, {"pdl": True}),
                                    (4096, 8, True, {"pdl": False}),
+                                   (4096, 8, True, {"pdl": True, "flag_num_warps": 1}),
                                    (16384, 4, True, {"pdl": True}),
                                    (8192, 16, True, {"pdl": True})]]
 # The bars: a 64 KiB publish in at most 7 us, and at 256 MiB at least 0.95 of the
 # floor's bandwidth (graph replay, and the eager call).
+# Timing rounds per size (see main), and the ratios each round reports: floor / time.
+ROUNDS = 3
+RATIOS = {"ours_bw_ratio": "ours_us", "ours_graph_bw_ratio": "ours_graph_us",
+          "original_graph_bw_ratio": "original_graph_us", "copy_graph_bw_ratio": "copy_graph_us"}
 BARS = [("64KiB", "ours_graph_us", "<=", 7.0), ("256MiB", "ours_graph_bw_ratio", ">=", 0.95),
         ("256MiB", "ours_bw_ratio", ">=", 0.95)]
 
 
 def _variant_name(v: dict) -> str:
     pdl = "-pdl" if v.get("pdl") else ""
-    return f"{v['block_bytes']}B/{v['num_warps']}w/{2 if v['two_launches'] else 1}L{pdl}"
+    flag = f"-flag{v['flag_num_warps']}w" if "flag_num_warps" in v else ""
+    return f"{v['block_bytes']}B/{v['num_warps']}w/{2 if v['two_launches'] else 1}L{pdl}{flag}"
 
 
 def main() -> None:
@@ -98,10 +107,6 @@ def main() -> None:
             torch.cuda.synchronize()
             exact &= torch.equal(dst, src) and int(ready) == lease.generation
 
-        # The copy bandwidth again just before and just after this size's timings: the floor
-        # uses their mean, so a drift of the GPU's speed during the run (seen: 1% between two
-        # runs minutes apart) moves the floor with the timings it is compared with.
-        bw_before = copy_bandwidth_bytes_per_us()
         tuning_us = {}
         for variant in TUNING:
             def launch(variant=variant):
@@ -109,25 +114,31 @@ def main() -> None:
                           **variant)
             tuning_us[_variant_name(variant)] = graph_replay_us(launch)
         wall, wall_min = wall_us(ours_args, calls=200)
-        row = report.add(
-            size=name, bytes=nbytes, bit_exact=exact and int(state[m.ERRORS]) == 0,
-            copy_us=median_us(lambda: dst.copy_(src)),
-            original_us=median_us(original),
-            ours_us=median_us(ours_tensor),
-            ours_args_us=median_us(ours_args),
-            copy_graph_us=graph_replay_us(lambda: dst.copy_(src)),
-            original_graph_us=graph_replay_us(original),
-            ours_graph_us=graph_replay_us(ours_tensor),
-            eager_wall_us=wall, eager_wall_min_us=wall_min,
-        )
-        bw_after = copy_bandwidth_bytes_per_us()
-        floor_us = 2 * nbytes / ((bw_before + bw_after) / 2)
-        row.update(floor_us=floor_us, copy_bandwidth_TBps_before=bw_before / 1e6,
-                   copy_bandwidth_TBps_after=bw_after / 1e6,
-                   tuning_bw_ratio={k: floor_us / us for k, us in tuning_us.items()})
-        row["ours_bw_ratio"] = floor_us / row["ours_us"]
-        row["ours_graph_bw_ratio"] = floor_us / row["ours_graph_us"]
-        row["original_graph_bw_ratio"] = floor_us / row["original_graph_us"]
+        timed = {"copy_us": lambda: median_us(lambda: dst.copy_(src)),
+                 "original_us": lambda: median_us(original),
+                 "ours_us": lambda: median_us(ours_tensor),
+                 "ours_args_us": lambda: median_us(ours_args),
+                 "copy_graph_us": lambda: graph_replay_us(lambda: dst.copy_(src)),
+                 "original_graph_us": lambda: graph_replay_us(original),
+                 "ours_graph_us": lambda: graph_replay_us(ours_tensor)}
+        # ROUNDS rounds of every timing, the copy bandwidth measured before the first and after
+        # each: a round's floor is the mean of the two that bracket it, so a drift of the GPU's
+        # speed during the run (seen: 1% between two runs minutes apart) moves the floor with
+        # the timings it is compared with. A row reports medians over the rounds.
+        bandwidths = [copy_bandwidth_bytes_per_us()]
+        rounds = []
+        for _ in range(ROUNDS):
+            one = {key: measure() for key, measure in timed.items()}
+            bandwidths.append(copy_bandwidth_bytes_per_us())
+            one["floor_us"] = 2 * nbytes / ((bandwidths[-2] + bandwidths[-1]) / 2)
+            for ratio, key in RATIOS.items():
+                one[ratio] = one["floor_us"] / one[key]
+            rounds.append(one)
+        row = report.add(size=name, bytes=nbytes, bit_exact=exact and int(state[m.ERRORS]) == 0,
+                         eager_wall_us=wall, eager_wall_min_us=wall_min, rounds=rounds,
+                         copy_bandwidth_TBps=[bw / 1e6 for bw in bandwidths])
+        row.update({key: statistics.median(r[key] for r in rounds) for key in rounds[0]})
+        row["tuning_bw_ratio"] = {k: row["floor_us"] / us for k, us in tuning_us.items()}
         row["speedup_vs_original"] = row["original_us"] / row["ours_us"]
         row["graph_speedup_vs_original"] = row["original_graph_us"] / row["ours_graph_us"]
         pool.release(lease)
@@ -136,15 +147,19 @@ def main() -> None:
     for size, key, op, goal in BARS:
         report.check_bar(rows[size], key, op, goal)
 
-    report.write(args.out, ["size", "bit_exact", "copy_bandwidth_TBps_before",
-                            "copy_bandwidth_TBps_after", "floor_us", "copy_us", "original_us",
+    report.write(args.out, ["size", "bit_exact", "floor_us", "copy_us", "original_us",
                             "ours_us", "ours_args_us", "copy_graph_us", "original_graph_us",
                             "ours_graph_us", "eager_wall_us", "eager_wall_min_us",
                             "ours_bw_ratio", "ours_graph_bw_ratio", "original_graph_bw_ratio",
-                            "speedup_vs_original", "graph_speedup_vs_original"], plot=_plot)
+                            "copy_graph_bw_ratio", "speedup_vs_original",
+                            "graph_speedup_vs_original"], plot=_plot)
     for bar in report.bars:
         print("bar:", bar)
     for r in report.rows:
+        print(r["size"], "rounds (floor/time, graph):",
+              ", ".join(f"ours {x['ours_graph_bw_ratio']:.3f} original "
+                        f"{x['original_graph_bw_ratio']:.3f} copy_ {x['copy_graph_bw_ratio']:.3f}"
+                        for x in r["rounds"]))
         print(r["size"], "tuning (floor/time):",
               ", ".join(f"{k}={v:.3f}" for k, v in r["tuning_bw_ratio"].items()))
 
