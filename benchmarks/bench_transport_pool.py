@@ -41,8 +41,8 @@ SLOTS, CONSUMERS = 64, 2
 # Kernel variants swept on every run (bytes per program, warps of the copy programs, one or
 # two launches, the flag launch a programmatic dependent launch or not, its warps when not
 # TUNING's), reported as floor / graph-replay time; the op picks them by size from m.TUNING
-# (4 KiB/4 warps in one launch up to 1 MiB; 4 KiB/8 warps in two above, the flag launch a PDL
-# of 4 warps).
+# (4 KiB/4 warps in one launch up to 1 MiB; in two above, the flag launch a PDL of 4 warps,
+# 16 KiB/4 warps up to 16 MiB and 4 KiB/8 warps above).
 TUNING = [{"block_bytes": b, "num_warps": w, "two_launches": two, **extra}
           for b, w, two, extra in [(2048, 2, False, {}), (4096, 4, False, {}),
                                    (4096, 4, True, {"pdl": True}), (4096, 8, True, {"pdl": True}),

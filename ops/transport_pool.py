@@ -316,7 +316,8 @@ def _publish_kernel(
 
 # Bytes and warps per program, one launch (up to ``two_launches_above`` bytes) or two (the copy
 # of whole blocks, then a one-program launch that copies the partial last block and writes the
-# flag, with ``flag_num_warps`` warps, a programmatic dependent launch when ``pdl`` on sm_90+).
+# flag, with ``flag_num_warps`` warps, a programmatic dependent launch when ``pdl`` on sm_90+);
+# above ``large_above`` bytes the copy takes the shape of ``large``.
 #
 # Measured (H200, graph replays, benchmarks/results/2026-11-30-session{2,4,5}/): in one launch
 # every program reads the lease and adds one atomic to the arrival counter; at 256 MiB 4 KiB
@@ -334,13 +335,20 @@ def _publish_kernel(
 #   done), smaller ones are bound by the rate programs start at (2 KiB: 0.77, 1 KiB: 0.39);
 # * cache modifiers and L2 eviction hints: ld.cg +-0.001, st.cs -0.003, st.cg -0.001,
 #   evict_first loads -0.018, evict_last stores -0.007; none kept.
-# At 16 MiB every two-launch shape with PDL is within noise (0.51-0.54 of the floor).
+# Session 6, copy shapes by source size (two launches, PDL flag; 2 to 128 MiB, and the
+# benchmark's 16 MiB in 11 runs over sessions 5-6): up to 16 MiB 16 KiB blocks of 4 warps
+# beat 4 KiB / 8 warps by 2.5-5.5% (16 MiB: 0.53-0.54 of the floor against 0.50-0.52); at
+# 32 MiB they tie; from 64 MiB 4 KiB / 8 warps wins (128 MiB: 70.9 against 74.8 us). A grid
+# of 16 KiB programs (40 registers per thread on sm_90: 12 programs per SM) fits in one wave
+# of the H200's 132 SMs up to about 24 MiB.
 # Speed choices only: under tracing they are taken from the size's hint without a guard, so
 # no size recompiles.
 TUNING = {"one_launch": {"block_bytes": 4096, "num_warps": 4},
-          "two_launches": {"block_bytes": 4096, "num_warps": 8, "flag_num_warps": 4,
+          "two_launches": {"block_bytes": 16384, "num_warps": 4, "flag_num_warps": 4,
                            "pdl": True},
-          "two_launches_above": 1 << 20}
+          "two_launches_above": 1 << 20,
+          "large": {"block_bytes": 4096, "num_warps": 8},
+          "large_above": 16 << 20}
 
 
 def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
@@ -353,12 +361,19 @@ def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count
     (compiled kernels, for a probe's ``n_regs``)."""
     src_bytes = src.view(-1).view(torch.uint8)  # a view: the kernel reads any dtype as bytes
     src_nbytes = src_bytes.shape[0]
+    size = hint(src_nbytes)
     if two_launches is None:
-        two_launches = hint(src_nbytes) > TUNING["two_launches_above"]
+        two_launches = size > TUNING["two_launches_above"]
     unknown = set(tuning) - set(TUNING["two_launches"])
     if unknown:
         raise TypeError(f"unknown tuning keys {sorted(unknown)}")
-    tuning = {**TUNING["two_launches" if two_launches else "one_launch"], **tuning}
+    if not two_launches:
+        defaults = TUNING["one_launch"]
+    elif size > TUNING["large_above"]:
+        defaults = {**TUNING["two_launches"], **TUNING["large"]}
+    else:
+        defaults = TUNING["two_launches"]
+    tuning = {**defaults, **tuning}
     block = tuning["block_bytes"]
     assert block >= 16 and block & (block - 1) == 0, block  # whole 16-byte vectors per block
     pdl = two_launches and _pdl_launch(kernel, pool, tuning.get("pdl", False))

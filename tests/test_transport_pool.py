@@ -483,6 +483,31 @@ def test_launch_passes_every_kernel_parameter_and_pdl_only_when_real(monkeypatch
         assert kwargs.get("launch_pdl", False) is (pdl and i == 1)  # the flag launch only
 
 
+@pytest.mark.parametrize("nbytes, launches", [
+    (1024, [((8,), 128, 1)]),                      # at two_launches_above: one launch
+    (1040, [((4,), 256, 2), ((1,), 256, 1)]),      # above: two, the "two_launches" shape
+    (2048, [((8,), 256, 2), ((1,), 256, 1)]),      # at large_above: still that shape
+    (2064, [((32,), 64, 4), ((1,), 64, 1)]),       # above: the "large" shape
+])
+def test_launch_shape_follows_the_source_size(monkeypatch, nbytes, launches):
+    """``TUNING`` picks one launch or two, and the copy's shape, from the source's size, with
+    both thresholds inclusive (here scaled down, so the shapes are told apart: block bytes
+    and warps per launch)."""
+    monkeypatch.setattr(op, "TUNING", {
+        "one_launch": {"block_bytes": 128, "num_warps": 1},
+        "two_launches": {"block_bytes": 256, "num_warps": 2, "flag_num_warps": 1, "pdl": False},
+        "two_launches_above": 1024,
+        "large": {"block_bytes": 64, "num_warps": 4},
+        "large_above": 2048})
+    recorder = _RecordingKernel()
+    pool = torch.zeros(4096, dtype=torch.uint8)
+    src = torch.zeros(nbytes, dtype=torch.uint8)
+    lease = torch.tensor(contract.Lease(512, 512 + nbytes, nbytes, 0, 1, 0, 4))
+    op._launch(recorder, pool, src, lease, op.new_state("cpu"), 1, 1)
+    assert [(grid, kwargs["BLOCK"], kwargs["num_warps"])
+            for grid, _, kwargs in recorder.launches] == launches
+
+
 def test_kernel_constants_are_local_and_match_the_layout():
     """The kernel defines its constants in its body, with the values of KERNEL_CONSTANTS (the
     layout of strictops.meta), and reads no global constant: Triton compares every global
