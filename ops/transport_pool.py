@@ -129,7 +129,6 @@ KERNEL_CONSTANTS = {
     "_GENERATION": Lease._fields.index("generation"),
     "_READY": Lease._fields.index("ready_byte_offset"),
     "_ACK": Lease._fields.index("ack_byte_offset"),
-    "_LEASE_WORDS": LEASE_WORDS,
     "_ARRIVALS": ARRIVALS,
     "_ERRORS": ERRORS,
     "_ALIGN": DATA_ALIGNMENT,
@@ -210,7 +209,6 @@ def _publish_kernel(
     _GENERATION: tl.constexpr = 4
     _READY: tl.constexpr = 5
     _ACK: tl.constexpr = 6
-    _LEASE_WORDS: tl.constexpr = 7
     _ARRIVALS: tl.constexpr = 0
     _ERRORS: tl.constexpr = 1
     _ALIGN: tl.constexpr = 256
@@ -243,17 +241,13 @@ def _publish_kernel(
     # term is evaluated: a difference that wraps for a wild value is only ever combined with a
     # term that is already false for it.
     if LEASE_FROM_PTR:
-        # One load of the 7 words (lane i of each warp loads word i; a warp's shuffles then
-        # hand every field to every thread), not 7 loads of one word by every warp.
-        words = tl.arange(0, 8)
-        lease_words = tl.load(lease_ptr + words, mask=words < _LEASE_WORDS, other=0)
-        start = tl.sum(tl.where(words == _START, lease_words, 0), axis=0)
-        end = tl.sum(tl.where(words == _END, lease_words, 0), axis=0)
-        nbytes = tl.sum(tl.where(words == _NBYTES, lease_words, 0), axis=0)
-        slot = tl.sum(tl.where(words == _SLOT, lease_words, 0), axis=0)
-        generation = tl.sum(tl.where(words == _GENERATION, lease_words, 0), axis=0)
-        ready = tl.sum(tl.where(words == _READY, lease_words, 0), axis=0)
-        ack = tl.sum(tl.where(words == _ACK, lease_words, 0), axis=0)
+        start = tl.load(lease_ptr + _START)
+        end = tl.load(lease_ptr + _END)
+        nbytes = tl.load(lease_ptr + _NBYTES)
+        slot = tl.load(lease_ptr + _SLOT)
+        generation = tl.load(lease_ptr + _GENERATION)
+        ready = tl.load(lease_ptr + _READY)
+        ack = tl.load(lease_ptr + _ACK)
     else:
         start = start_arg.to(tl.int64)
         end = end_arg.to(tl.int64)
