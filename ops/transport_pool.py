@@ -341,6 +341,12 @@ def _publish_kernel(
 # 32 MiB they tie; from 64 MiB 4 KiB / 8 warps wins (128 MiB: 70.9 against 74.8 us). A grid
 # of 16 KiB programs (40 registers per thread on sm_90: 12 programs per SM) fits in one wave
 # of the H200's 132 SMs up to about 24 MiB.
+# Also measured in session 6 (256 MiB) and not adopted: TMA bulk copies through shared memory
+# (3.9-4.05 TB/s at 4 GiB, against 4.26 for this kernel's copy and 4.27 for copy_); one launch
+# with the arrivals spread over 64-1024 counters (0.92 of copy_ at best, the op 0.99); the
+# lease read as one 8-word load with where/sum extraction (+9.6 us: the shuffles sit between
+# the source load and the stores). The seven scalar lease loads cost 0.5-0.7 us against the
+# lease as arguments, and the PDL flag 1.2 us; evict_last or .cg hints gain 0.07 us.
 # Speed choices only: under tracing they are taken from the size's hint without a guard, so
 # no size recompiles.
 TUNING = {"one_launch": {"block_bytes": 4096, "num_warps": 4},
