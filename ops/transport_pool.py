@@ -219,7 +219,10 @@ def _publish_kernel(
     _COPY: tl.constexpr = 1  # and anything else is the flag phase
 
     # The source block's addresses do not depend on the lease: it is loaded first, so that its
-    # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes). Whole
+    # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes). In the copy
+    # phase this does not hold in the sm_90 SASS: ptxas moves the load below the lease checks
+    # that guard the store, so each program waits for the lease before it loads (found in
+    # session 6; a volatile load stays first, and is still to be measured). Whole
     # blocks go unmasked: a mask against a runtime bound splits the 16-byte vectors into
     # single bytes (10x slower, measured). One int64 base per block (sources past 2 GiB) and
     # int32 offsets within it.
@@ -346,7 +349,8 @@ def _publish_kernel(
 # with the arrivals spread over 64-1024 counters (0.92 of copy_ at best, the op 0.99); the
 # lease read as one 8-word load with where/sum extraction (+9.6 us: the shuffles sit between
 # the source load and the stores). The seven scalar lease loads cost 0.5-0.7 us against the
-# lease as arguments, and the PDL flag 1.2 us; evict_last or .cg hints gain 0.07 us.
+# lease as arguments (ptxas issues the source load after them: see the kernel), and the PDL
+# flag 1.2 us; evict_last or .cg hints gain 0.07 us.
 # Speed choices only: under tracing they are taken from the size's hint without a guard, so
 # no size recompiles.
 TUNING = {"one_launch": {"block_bytes": 4096, "num_warps": 4},
