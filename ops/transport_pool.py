@@ -237,8 +237,10 @@ def _publish_kernel(
     elif PHASE == _COPY:
         if PDL:
             gdc_launch_dependents()
-        # The grid has whole source blocks only.
-        data = tl.load(src_ptr + block_start + offs)
+        # The grid has whole source blocks only. Volatile, so that ptxas keeps the load here:
+        # it moved a plain load below the lease checks that guard the store (sm_90 SASS), and
+        # each program then waited for the lease and only then for its source bytes.
+        data = tl.load(src_ptr + block_start + offs, volatile=True)
 
     # The lease, and lease_fits on the device (in the body, not a helper: see above). Every
     # term is evaluated: a difference that wraps for a wild value is only ever combined with a
