@@ -221,8 +221,8 @@ def _publish_kernel(
     # The source block's addresses do not depend on the lease: it is loaded first, so that its
     # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes). In the copy
     # phase this does not hold in the sm_90 SASS: ptxas moves the load below the lease checks
-    # that guard the store, so each program waits for the lease before it loads (found in
-    # session 6; a volatile load stays first, and is still to be measured). Whole
+    # that guard the store, so each program waited for the lease before it loaded (found in
+    # session 6): the copy phase's load is volatile, which ptxas keeps first. Whole
     # blocks go unmasked: a mask against a runtime bound splits the 16-byte vectors into
     # single bytes (10x slower, measured). One int64 base per block (sources past 2 GiB) and
     # int32 offsets within it.
