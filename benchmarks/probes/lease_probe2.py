@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 
