@@ -140,6 +140,21 @@ KERNEL_CONSTANTS = {
 }
 
 
+@triton.jit
+def _release_store(ptr, value):
+    """``*ptr = value`` by thread 0 of the program, a release store at GPU scope
+    (``st.release.gpu``): the ordering of ``tl.atomic_xchg(ptr, value, sem="release")``
+    without its reply, which the program waits for before it can end (0.4 us at the end of a
+    256 MiB publish on the H200, benchmarks/results/2026-11-30-session7/). Inline PTX, so only
+    for a kernel launched for real (``PTX``): the interpreter runs none, and Inductor's
+    analysis of a wrapped kernel's mutations takes any non-pure inline asm to write every
+    argument."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred first; .reg .b32 tid; mov.u32 tid, %tid.x; setp.eq.u32 first, tid, 0;"
+        " @first st.release.gpu.global.b32 [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["start_arg", "end_arg", "nbytes_arg", "slot_arg",
                                "generation_arg", "ready_arg", "ack_arg"])
 def _publish_kernel(
@@ -163,6 +178,7 @@ def _publish_kernel(
     BLOCK: tl.constexpr,
     PHASE: tl.constexpr,
     PDL: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """One phase of a publish: ``PHASE_BOTH`` (one launch), or ``PHASE_COPY`` then
     ``PHASE_FLAG`` (two).
@@ -194,6 +210,9 @@ def _publish_kernel(
     has completed and its memory is visible, the guarantee stream order gives without PDL;
     launched without the attribute, both instructions are no-ops.
 
+    ``PTX``: launched for real (the JIT kernel, not wrapped for Inductor nor interpreted): the
+    flag is written by :func:`_release_store` rather than a release exchange.
+
     pool_ptr: ``[memory_size]`` uint8, 256-byte aligned.
     src_ptr: ``[src_nbytes]`` uint8 (the source's bytes).
     lease_ptr: ``[LEASE_WORDS]`` int64, read when ``LEASE_FROM_PTR``; otherwise the lease is
@@ -220,9 +239,10 @@ def _publish_kernel(
 
     # The source block's addresses do not depend on the lease: it is loaded first, so that its
     # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes). In the copy
-    # phase this does not hold in the sm_90 SASS: ptxas moves the load below the lease checks
-    # that guard the store, so each program waited for the lease before it loaded (found in
-    # session 6): the copy phase's load is volatile, which ptxas keeps first. Whole
+    # phase this did not hold in the sm_90 SASS: ptxas moved a plain load below the lease
+    # checks that guard the store, so each program waited for the lease before it loaded. The
+    # copy phase's load is volatile, which ptxas keeps first: 0.5 us less per 256 MiB copy
+    # launch on the H200 (benchmarks/results/2026-11-30-session7/). Whole
     # blocks go unmasked: a mask against a runtime bound splits the 16-byte vectors into
     # single bytes (10x slower, measured). One int64 base per block (sources past 2 GiB) and
     # int32 offsets within it.
@@ -280,11 +300,16 @@ def _publish_kernel(
             tl.debug_barrier()
             arrived = tl.atomic_add(state_ptr + _ARRIVALS, 1, sem="acq_rel", scope="gpu")
             if arrived == tl.num_programs(0) - 1:
-                tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="gpu")
+                if PTX:
+                    _release_store(ready_ptr, generation.to(tl.int32))
+                else:
+                    tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release",
+                                   scope="gpu")
                 # The counter back to 0 after the flag, not before: the flag's release would
-                # wait for that write to complete first, and nothing else needs it before
-                # this launch ends (a publish on the same state follows in stream order).
-                tl.atomic_xchg(state_ptr + _ARRIVALS, 0, sem="relaxed", scope="gpu")
+                # wait for that write to complete first. Every program has arrived, and the
+                # next publish on this state follows in stream order, so a plain store does
+                # (an exchange waits for its reply before the program can end).
+                tl.store(state_ptr + _ARRIVALS, 0)
         else:
             if block_start == 0:
                 tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
@@ -314,7 +339,10 @@ def _publish_kernel(
             if PDL:
                 gdc_wait()
             tl.debug_barrier()
-            tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="gpu")
+            if PTX:
+                _release_store(ready_ptr, generation.to(tl.int32))
+            else:
+                tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="gpu")
         else:
             tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
 
@@ -395,7 +423,8 @@ def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count
             contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args)
     # Every constexpr, PDL=False included: Inductor's analysis of a wrapped kernel's mutations
     # takes no default.
-    meta = dict(LEASE_FROM_PTR=values is None, BLOCK=block, PDL=pdl)
+    meta = dict(LEASE_FROM_PTR=values is None, BLOCK=block, PDL=pdl,
+                PTX=kernel is _publish_kernel)
     # Two launches: the copy's grid covers the whole source blocks only (possibly none), so
     # its programs load unmasked; the flag program copies the rest of the lease.
     grid = (src_nbytes // block,) if two_launches else ((src_nbytes + block - 1) // block,)

@@ -461,7 +461,9 @@ def test_launch_passes_every_kernel_parameter_and_pdl_only_when_real(monkeypatch
     wrapped kernel takes no default, and failed on the GPU when the new ones were left to
     their defaults), and the flag launch is a programmatic dependent launch only for the JIT
     kernel launched for real, two launches, on sm_90 or later: ``wrap_triton`` takes no
-    ``launch_pdl``."""
+    ``launch_pdl``. ``PTX`` (the flag as an inline-PTX release store) likewise only for the JIT
+    kernel: Inductor's mutation analysis takes non-pure inline asm to write every argument
+    (and would copy ``src`` and ``lease`` on each call), and the interpreter runs no PTX."""
     recorder = _RecordingKernel()
     if real:
         monkeypatch.setattr(op, "_publish_kernel", recorder)
@@ -480,6 +482,7 @@ def test_launch_passes_every_kernel_parameter_and_pdl_only_when_real(monkeypatch
         names = _KERNEL_PARAMS[:len(positional)] + [k for k in kwargs if k not in options]
         assert sorted(names) == sorted(_KERNEL_PARAMS)
         assert kwargs["PDL"] is pdl
+        assert kwargs["PTX"] is real
         assert kwargs.get("launch_pdl", False) is (pdl and i == 1)  # the flag launch only
 
 
