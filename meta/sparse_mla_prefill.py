@@ -49,6 +49,7 @@ TOPK_BLOCK = 128  # topk granularity of the original kernel
 D_QKS = (512, 576)
 D_V = 512
 BUFFERS = ("out", "max_logits", "lse")
+KEYWORD_ONLY = (*BUFFERS, "topk_length_errors")  # the public function's keyword-only arguments
 
 
 def _shape_is(t, shape) -> "bool | torch.SymBool":
