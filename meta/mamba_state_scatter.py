@@ -1,4 +1,4 @@
-"""Contract of ``strictops::fused_mamba_state_scatter_with_mask`` (SPEC §1).
+"""Contract of ``strictops::fused_mamba_state_scatter_with_mask``.
 
 Arguments
 ---------

@@ -1,4 +1,4 @@
-"""Contract of ``strictops::sparse_mla_q8kv8_prefill_fwd`` (SPEC §2).
+"""Contract of ``strictops::sparse_mla_q8kv8_prefill_fwd``.
 
 Arguments
 ---------

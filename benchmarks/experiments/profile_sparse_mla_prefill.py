@@ -1,7 +1,7 @@
-"""Launch sparse_mla_q8kv8_prefill_fwd at the issue's first shape a few times, for a profiler.
+"""Launch sparse_mla_q8kv8_prefill_fwd at the benchmark's first shape a few times, for a profiler.
 
     ncu --clock-control none --section SpeedOfLight --section WarpStateStats \\
-        -k regex:sparse_mla -c 1 python3 benchmarks/profile_sparse_mla_prefill.py
+        -k regex:sparse_mla -c 1 python3 benchmarks/experiments/profile_sparse_mla_prefill.py
 
 (``.ci/gpu`` runs this when ``ncu`` is installed: ``ncu-sparse_mla_prefill.txt``.)
 """
