@@ -40,10 +40,10 @@ def _message_on_fake(rule: str, dims: contract.Dims = DIMS) -> str:
 
 
 class TestMessages(expecttest.TestCase):
-    """Every rule of SPEC §1 (and the added ones) on fake CUDA tensors, message pinned."""
+    """Every rule (the original's and the added ones) on fake CUDA tensors, message pinned."""
 
     @unittest.skipIf(HAS_CUDA and not HAS_TWO_GPUS, "a real single-GPU machine has no cuda:1")
-    def test_same_device(self):  # the seed's scenario: cuda:0 against cuda:1
+    def test_same_device(self):  # cuda:0 against cuda:1, as a misplaced tensor in serving
         self.assertExpectedInline(_message_on_fake("same_device"), """dst and src must be on the same device. dst.device=device(type='cuda', index=0) src.device=device(type='cuda', index=1)""")
 
     def test_cuda(self):

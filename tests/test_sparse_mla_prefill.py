@@ -59,7 +59,7 @@ def _inputs(args: dict) -> dict:
 
 
 class TestMessages(expecttest.TestCase):
-    """Every rule of SPEC §2 (and the added ones) on fake CUDA tensors, message pinned."""
+    """Every rule (the original's and the added ones) on fake CUDA tensors, message pinned."""
 
     def test_q_rank(self):
         self.assertExpectedInline(_message_on_fake("q_rank"), """q must have shape (s_q, h_q, d_qk), got (3, 128)""")
@@ -536,7 +536,7 @@ def _check_on_gpu(args: dict, seed: int):
 @pytest.mark.parametrize("variant", ["plain", "topk_length", "attn_sink"])
 def test_gpu_matches_the_reference_and_writes_every_element(d_qk, variant, kernel):
     """Poisoned (NaN) buffers, -1 and >= s_kv indices, a fully invalid token, zero and
-    partial lengths: within the issue's 2.5e-2 of float64, every element written."""
+    partial lengths: within ``GPU_REL_L2_BOUND`` (2.5e-2) of float64, every element written."""
     gen, seed = _fresh_generator()
     dims = contract.Dims(s_q=96, s_kv=3000, h_q=128, d_qk=d_qk, topk=512,
                          with_topk_length=variant != "plain", with_attn_sink=variant == "attn_sink",

@@ -111,8 +111,8 @@ class TestMessages(expecttest.TestCase):
         assert_every_rule_pinned(self, contract)  # near misses: tests/test_registry.py
 
     def test_copy_tensor_source_checks_carry_the_pool_name(self):
-        """``copy_tensor`` runs the op's source rules under the transport's name (the seed's
-        messages), before it leases anything."""
+        """``copy_tensor`` runs the op's source rules under the transport's name (the
+        original's messages), before it leases anything."""
         spec = contract.valid_spec(DIMS)
         messages = []
         with fake_mode():
@@ -671,7 +671,7 @@ def test_gpu_cancel_lease_and_background_recycler():
 def test_gpu_one_producer_two_consumer_processes_over_ipc():
     """Random sizes (1 B to 64 MiB) and dtypes through a pool too small to hold them all:
     checksums match in both consumers, and no lease is left at the end.
-    ``STRICTOPS_IPC_TRANSFERS=10000`` runs the issue's full count."""
+    ``STRICTOPS_IPC_TRANSFERS=10000`` runs 10,000 transfers."""
     transfers = os.environ.get("STRICTOPS_IPC_TRANSFERS", "300")
     result = subprocess.run([sys.executable, str(IPC_DRIVER), "--transfers", transfers],
                             capture_output=True, text=True, timeout=3000)
