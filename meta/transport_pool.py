@@ -283,7 +283,7 @@ def _strided(t: TensorSpec) -> TensorSpec:
     if it has fewer (a 0-d tensor becomes ``[2]``)."""
     if not t.shape or t.shape[-1] < 2:
         t = t.replace(shape=(*t.shape[:-1], 2))
-    return t.with_gap(len(t.shape) - 1)
+    return t.strided()
 
 
 def _data_region(spec: dict) -> int:

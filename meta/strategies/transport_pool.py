@@ -38,6 +38,7 @@ def dims(draw, device: str = "cuda:0", max_data: int = 2048) -> contract.Dims:
 
 
 def src_nbytes(d: contract.Dims) -> int:
+    """Bytes of the source of a call with dims ``d``."""
     return math.prod(d.src_shape) * d.src_dtype.itemsize
 
 
