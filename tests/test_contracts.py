@@ -8,6 +8,8 @@ the public function; each valid call passes the contract and traces as one graph
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -27,6 +29,25 @@ def test_every_op_has_strategies():
 
 
 @pytest.mark.parametrize("op", strategies.OPS)
+def test_built_calls_bind_to_the_public_signature_in_order(op):
+    """``build()`` passes every argument the way the public function takes it (keyword-only
+    ones by keyword), and a call's arguments come in the function's order."""
+    signature = inspect.signature(_public(op))
+    order = list(signature.parameters)
+
+    @settings(SETTINGS, max_examples=5)
+    @given(call=strategies.calls(op))
+    def check(call):
+        assert list(call.spec) == [n for n in order if n in call.spec]
+        with strategies.fake_mode():
+            args, kwargs = call.build()
+        bound = signature.bind(*args, **kwargs)
+        assert set(bound.arguments) == set(call.spec)
+
+    check()
+
+
+@pytest.mark.parametrize("op", strategies.OPS)
 def test_near_misses_raise_the_rule_error_eager_and_fake(op):
     @settings(SETTINGS, max_examples=60)
     @given(call=strategies.calls(op, valid=False))
@@ -39,7 +60,7 @@ def test_near_misses_raise_the_rule_error_eager_and_fake(op):
 
 @pytest.mark.parametrize("op", strategies.OPS)
 def test_near_misses_fail_while_tracing(op):
-    @settings(SETTINGS, max_examples=12)
+    @settings(SETTINGS, max_examples=6)
     @given(call=strategies.calls(op, valid=False))
     def check(call):
         assert strategies.failures(_public(op), call) == []
@@ -49,7 +70,7 @@ def test_near_misses_fail_while_tracing(op):
 
 @pytest.mark.parametrize("op", strategies.OPS)
 def test_valid_calls_pass_and_trace_as_one_graph(op):
-    @settings(SETTINGS, max_examples=8)
+    @settings(SETTINGS, max_examples=4)
     @given(call=strategies.calls(op))
     def check(call):
         assert call.rule is None
