@@ -1,4 +1,4 @@
-"""Benchmark: FP8 sparse MLA prefill (``sparse_mla_q8kv8_prefill_fwd``) at DeepSeek-V3.2 prefill shapes.
+"""Benchmark: FP8 sparse MLA prefill (``sparse_mla_q8kv8_prefill_fwd``) at DeepSeek-V3.2 shapes.
 
 For each shape ``(s_q, s_kv, h_q, d_qk, topk)``, indices uniform in ``[0, s_kv)``: ours in eager
 mode (``do_bench`` median, L2 flushed) as TFLOPS (``2 * s_q * h_q * topk * (d_qk + d_v)`` per

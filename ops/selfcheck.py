@@ -128,8 +128,8 @@ def _failed(op: str, check: str, detail: str, problems: list[str]) -> Row:
 def check_trace(op: str, module, spec: dict) -> Row:
     """Trace a valid call of the public op on fake CUDA tensors, as one graph."""
     problems = failures(_public_function(op, module), _call(op, module, spec))
-    return _failed(op, "compile trace", f"one graph (fullgraph, dynamic shapes, fake {FAKE_DEVICE})",
-                   problems)
+    detail = f"one graph (fullgraph, dynamic shapes, fake {FAKE_DEVICE})"
+    return _failed(op, "compile trace", detail, problems)
 
 
 def check_rule(op: str, module, spec: dict, rule: str) -> Row:
