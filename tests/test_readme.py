@@ -1,4 +1,5 @@
-"""The README's fuzzing example runs as written (CPU only: fake CUDA tensors)."""
+"""The README's fuzzing example runs as written (CPU only: fake CUDA tensors), and CI runs
+the README's test command."""
 
 from __future__ import annotations
 
@@ -21,3 +22,10 @@ def test_readme_fuzzing_example_runs():
     code = readme_example()
     assert "strategies.calls(OP)" in code and "valid=False" in code
     exec(compile(code, f"{README}:fuzzing example", "exec"), {"__name__": "readme_example"})
+
+
+def test_ci_runs_the_readme_test_command():
+    """``.ci/run`` (what CI runs) ends with the README's test command, verbatim."""
+    command = (README.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert command == "bash .ci/setup && .venv/bin/pytest"
+    assert f"\n{command}\n" in README.read_text()
