@@ -122,7 +122,8 @@ def _scatter_kernel(
 # bandwidth on the large SSM shape on the H200 (16 KiB: 0.91); the benchmark sweeps the rest.
 # Why: docs/design/mamba_state_scatter.md#tuning
 TUNING = {"block_bytes": 4096, "num_warps": 4}
-# Requests compared per step of the duplicate-slot scan.
+# Requests compared per step of the duplicate-slot scan: one vector of loads per step, so a
+# batch of up to 128 requests is one round trip (docs/design/mamba_state_scatter.md#kernel).
 SCAN = 128
 
 
