@@ -9,6 +9,8 @@ the public function; each valid call passes the contract and traces as one graph
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +28,14 @@ def _public(op: str):
 def test_every_op_has_strategies():
     assert {c.op.split("::", 1)[1] for c in CONTRACTS.values()} <= set(strategies.OPS)
     assert set(strategies.OPS) <= set(strictops.ops.__all__)
+
+
+def test_strategies_and_self_check_need_no_pytest():
+    """The public strategies (hypothesis only) and the self-check (neither) import no pytest."""
+    code = ("import sys, strictops.meta.strategies, strictops.ops.selfcheck; "
+            "assert 'pytest' not in sys.modules, 'pytest imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("op", strategies.OPS)
