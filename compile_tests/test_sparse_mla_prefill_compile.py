@@ -4,9 +4,9 @@ CPU (CI), on fake CUDA tensors, for both kernels (the Triton kernel, and the war
 Gluon kernel that sm_90 runs, whose launch is the ``strictops_kernels::sparse_mla_ws_launch``
 op): one graph, no graph break, no recompile when ``s_q``, ``s_kv``, ``topk`` (and ``h_q``)
 change; ``h_q = 16`` (the unpadded tensor-parallel heads that hung the original in serving) and
-every other rule fail at trace time with the eager message (but the ``topk_length`` value
-rule, which never runs while tracing); overlapping buffers are refused at
-trace time; ``torch.export`` traces the op and refuses bad inputs with the original
+every other rule fail at trace time with the eager message, but the ``topk_length`` value rule,
+which never runs while tracing (the call traces as one graph); overlapping buffers are refused
+at trace time; ``torch.export`` traces the op and refuses bad inputs with the original
 ``ValueError``; Inductor receives one kernel launch and the allocations of the outputs the
 caller did not pass, nothing else.
 

@@ -1,17 +1,17 @@
-"""sparse_mla_q8kv8_prefill_fwd: contract messages, eager/fake parity, value check, numerics.
+"""sparse_mla_q8kv8_prefill_fwd: contract messages, the value rule, numerics.
 
-CPU (CI): every rule's message on fake CUDA tensors, pinned with expecttest; near misses drawn
-from the contract raise the same error on the eager path (concrete sizes) and the fake path
-(symbolic sizes); the aliasing rule on shared, overlapping and disjoint buffers; the
-``topk_length`` value rule on real CPU tensors (its message, its place in the original's order,
-and no value read where it must not sync); the reference and the kernel under the Triton
-interpreter with sinks of +-inf and empty tokens (no NaN); the kernel against the float64
-reference on small shapes (both head dims, invalid indices, empty rows, partial
-``topk_length``, ``attn_sink``, no load of a row that must not be read, out-of-range lengths
-counted); the Gluon kernel built for sm_90 with wgmma for both products; the kernel choice by
-device capability. GPU (``-m gpu``): the same on real CUDA tensors at moderate shapes, fresh
-random inputs every run, for both kernels (the Triton one and the warp-specialised Gluon one
-that sm_90 runs by default), and the value rule's order through the public op.
+CPU (CI): every rule's message on fake CUDA tensors, pinned with expecttest (every near miss on
+the eager, fake and traced paths: ``tests/test_contracts.py``); the aliasing rule on shared,
+overlapping and disjoint buffers; the ``topk_length`` value rule on real CPU tensors (its
+message, its place in the original's order, and no value read where it must not sync); the
+reference and the kernel under the Triton interpreter with sinks of +-inf and empty tokens (no
+NaN); the kernel against the float64 reference on small shapes (both head dims, invalid
+indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row that must not be
+read, out-of-range lengths counted); the Gluon kernel built for sm_90 with wgmma for both
+products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
+tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
+the warp-specialised Gluon one that sm_90 runs by default), and the value rule's order through
+the public op.
 """
 
 from __future__ import annotations
@@ -30,19 +30,17 @@ from hypothesis import strategies as st
 from triton.runtime import interpreter
 
 from strictops.meta import sparse_mla_prefill as contract
+from strictops.meta import strategies
 from strictops.meta._contract import Contract
-from strictops.meta._specs import TensorSpec
+from strictops.meta.strategies import sparse_mla_prefill as calls_of
 from strictops.meta.testing import (
     CAN_NAME_SECOND_GPU,
     assert_every_rule_pinned,
-    assert_near_miss_parity,
     build,
     fake_mode,
     gpu,
     near_miss_message,
     raised,
-    sparse_mla_dims,
-    sparse_mla_near_miss,
 )
 from strictops.ops import sparse_mla_prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
@@ -71,7 +69,7 @@ def _inputs(args: dict) -> dict:
 
 
 class TestMessages(expecttest.TestCase):
-    """Every rule of SPEC §2 (and the added ones) on fake CUDA tensors, message pinned."""
+    """Every rule (the original's and the added ones) on fake CUDA tensors, message pinned."""
 
     def test_q_rank(self):
         self.assertExpectedInline(_message_on_fake("q_rank"), """q must have shape (s_q, h_q, d_qk), got (3, 128)""")
@@ -265,16 +263,8 @@ class TestMessages(expecttest.TestCase):
         self.assertExpectedInline(str(err), """topk_length values must satisfy 0 <= topk_length <= topk (256)""")
 
 
-@settings(SETTINGS, max_examples=80)
-@given(case=sparse_mla_near_miss())
-def test_near_miss_eager_and_fake_paths_agree(case):
-    """One rule broken at a time: the eager path (concrete sizes) and the fake path (symbolic
-    sizes, as traced by torch.compile/export) both raise exactly that rule's error."""
-    assert_near_miss_parity(sparse_mla_q8kv8_prefill_fwd, contract, *case)
-
-
 @settings(SETTINGS, max_examples=30)
-@given(dims=sparse_mla_dims())
+@given(dims=calls_of.dims())
 def test_valid_calls_pass_on_fake_tensors_and_return_the_given_buffers(dims):
     with fake_mode():
         args = build(contract.valid_spec(dims))
@@ -427,7 +417,7 @@ def _check_interpreted(args: dict, reverse_programs: bool = False):
 def test_interpreted_kernel_matches_the_reference(data):
     """Any mix of valid and invalid indices, lengths, sink and buffers, both head dims:
     within REL_L2_BOUND of the float64 reference, empty rows exact, every buffer written."""
-    dims = data.draw(sparse_mla_dims(device="cpu", small=True))
+    dims = data.draw(calls_of.dims(device="cpu", small=True))
     args = op.random_inputs(
         dims, torch.Generator().manual_seed(data.draw(st.integers(0, 2**16))),
         invalid_fraction=data.draw(st.sampled_from([0.0, 1 / 8, 1 / 2, 1.0])),
@@ -642,7 +632,7 @@ def _check_on_gpu(args: dict, seed: int):
 @pytest.mark.parametrize("variant", ["plain", "topk_length", "attn_sink"])
 def test_gpu_matches_the_reference_and_writes_every_element(d_qk, variant, kernel):
     """Poisoned (NaN) buffers, -1 and >= s_kv indices, a fully invalid token, zero and
-    partial lengths: within the issue's 2.5e-2 of float64, every element written."""
+    partial lengths: within ``GPU_REL_L2_BOUND`` (2.5e-2) of float64, every element written."""
     gen, seed = _fresh_generator()
     dims = contract.Dims(s_q=96, s_kv=3000, h_q=128, d_qk=d_qk, topk=512,
                          with_topk_length=variant != "plain", with_attn_sink=variant == "attn_sink",
@@ -723,16 +713,15 @@ def test_gpu_functional_buffer_and_dispatcher_calls_agree_bit_for_bit():
 
 @gpu
 @settings(SETTINGS, max_examples=40)
-@given(case=sparse_mla_near_miss(device="cuda:0", values=True))
-def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
-    rule, spec = case
-    args = {k: (v.empty() if isinstance(v, TensorSpec) else v) for k, v in spec.items()}
-    before = {k: args[k].fill_(0).clone() for k in contract.CONTRACT.mutates
-              if isinstance(args[k], torch.Tensor)}  # filled: uninitialised NaN != NaN
-    want = contract.CONTRACT.expected_error(rule, **args)
-    err = raised(sparse_mla_q8kv8_prefill_fwd, **args)
-    assert (type(err), str(err)) == want
-    assert all(torch.equal(args[k], v) for k, v in before.items())
+@given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False, values=True))
+def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
+    args, kwargs = call.build()  # zero-filled
+    named = call.named(args, kwargs)
+    before = {k: named[k].clone() for k in call.contract.mutates
+              if isinstance(named[k], torch.Tensor)}
+    err = raised(sparse_mla_q8kv8_prefill_fwd, *args, **kwargs)
+    assert (type(err), str(err)) == call.expected_error(args, kwargs)
+    assert all(torch.equal(named[k], v) for k, v in before.items())
 
 
 @gpu
