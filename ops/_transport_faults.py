@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import functools
 import heapq
 import logging
 import math
@@ -300,6 +301,18 @@ def wait_outcomes(words: torch.Tensor, leases: Sequence[Lease], abort: bool,
     return outcome.tolist()
 
 
+@functools.cache
+def warm_up(device: torch.device) -> None:
+    """Compile both variants of :func:`_abort_kernel` for ``device`` once per process, when a
+    consumer is made, rather than at its first deadline (a first compile takes seconds): run
+    on a word that shows its generation, so nothing is written."""
+    word = torch.ones(2, dtype=torch.int32, device=device)
+    published = Lease(0, 0, 1, 0, 1, 0, WORD_BYTES)
+    with torch.cuda.device(device):
+        for abort in (False, True):
+            wait_outcomes(word, [published], abort)
+
+
 class WaitWatchdog:
     """Aborts a consumer's waits that nothing publishes before their deadlines.
 
@@ -381,7 +394,6 @@ class WaitWatchdog:
     def _run(self) -> None:
         if self.words.is_cuda:
             torch.cuda.set_device(self.words.device)
-        self._warm_up()
         while True:
             with self._cond:
                 while not self._closed and self._pending and (
@@ -403,17 +415,6 @@ class WaitWatchdog:
                     for entry in expired:
                         heapq.heappush(self._pending, entry)
                 time.sleep(COALESCE_S)
-
-    def _warm_up(self) -> None:
-        """Compile both variants of the kernel now, not at the first deadline (a first
-        compile takes seconds): on a word that shows its generation, so nothing is written."""
-        word = torch.ones(2, dtype=torch.int32, device=self.words.device)
-        published = Lease(0, 0, 1, 0, 1, 0, WORD_BYTES)
-        try:
-            for abort in (False, True):
-                self._outcomes(word, [published], abort)
-        except Exception:
-            logger.warning("%s consumer watchdog warm-up failed", self.name, exc_info=True)
 
     def _outcomes(self, words: torch.Tensor, leases, abort: bool) -> list[int]:
         with self._cond:

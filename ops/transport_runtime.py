@@ -41,7 +41,7 @@ from strictops.meta.transport_pool import (
 
 from . import _cuda_stream
 from ._dispatch import on_device_of
-from ._transport_faults import ConsumerRegistry, WaitWatchdog, default_timeout
+from ._transport_faults import ConsumerRegistry, WaitWatchdog, default_timeout, warm_up
 from .transport_pool import _launch, _publish_kernel, copy_and_publish
 
 __all__ = [
@@ -537,6 +537,8 @@ class TransportConsumer:
         self.base_address = pool.data_ptr()
         self._acknowledged: dict[int, int] = {}  # slot -> latest generation acknowledged
         self._watchdog: Optional[WaitWatchdog] = None
+        if pool.is_cuda:
+            warm_up(pool.device)
 
     @classmethod
     def attach(cls, handle: PoolHandle, rank: int) -> "TransportConsumer":
