@@ -340,6 +340,7 @@ class WaitWatchdog:
         self._pending: list[tuple[float, int, Lease, float]] = []  # heap by deadline
         self._count = 0
         self._timed_out: list[tuple[Lease, float]] = []
+        self._checking = False  # the thread holds expired waits out of _pending
         self._thread: Optional[threading.Thread] = None
         self._stream: Optional[torch.cuda.Stream] = None
         self._closed = False
@@ -378,8 +379,11 @@ class WaitWatchdog:
         """Classify every armed wait now, without aborting any: those whose ready word was
         aborted (by this or another consumer's watchdog) are timed out, published ones are
         done, the others stay armed. For :meth:`TransportConsumer.synchronize`, after the
-        stream has passed its waits."""
+        stream has passed its waits. Waits the thread is checking now are waited for: their
+        abort may be what released the stream."""
         with self._cond:
+            while self._checking:
+                self._cond.wait()
             entries, self._pending = self._pending, []
         kept = self._check(entries, abort=False)
         with self._cond:
@@ -407,13 +411,20 @@ class WaitWatchdog:
                 expired = []
                 while self._pending and self._pending[0][0] <= now:
                     expired.append(heapq.heappop(self._pending))
+                self._checking = True
+            failed = False
             try:
                 self._check(expired, abort=True)
             except Exception:  # e.g. a CUDA error: keep the waits and retry at the next pass
                 logger.warning("%s consumer watchdog pass failed", self.name, exc_info=True)
-                with self._cond:
+                failed = True
+            with self._cond:
+                if failed:
                     for entry in expired:
                         heapq.heappush(self._pending, entry)
+                self._checking = False
+                self._cond.notify_all()
+            if failed:
                 time.sleep(COALESCE_S)
 
     def _outcomes(self, words: torch.Tensor, leases, abort: bool) -> list[int]:

@@ -615,8 +615,9 @@ def test_abort_kernel_compiles_to_a_system_scope_compare_and_swap():
 
     signature = {"words_ptr": "*i32", "index_ptr": "*i64", "generation_ptr": "*i32",
                  "outcome_ptr": "*i32", "ABORT": "constexpr"}
-    source = triton.compiler.ASTSource(fn=faults._abort_kernel, signature=signature,
-                                       constexprs={"ABORT": True})
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-    assert "atom.global.acq_rel.sys.cas.b32" in ptx
-    assert "ld.volatile.global.b32" in ptx
+    for abort in (True, False):
+        source = triton.compiler.ASTSource(fn=faults._abort_kernel, signature=signature,
+                                           constexprs={"ABORT": abort})
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        assert ("atom.global.acq_rel.sys.cas.b32" in ptx) == abort  # settle() writes nothing
+        assert "ld.volatile.global.b32" in ptx
