@@ -150,9 +150,8 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
             fence_async_shared()
             for h in gl.static_range(2):
                 mbarrier.wait(vt_free.index(2 * v + h), ((b // NUM_VT) & 1) ^ 1)
-                for c in gl.static_range(4):
-                    x = k_nope.index(s).slice(h * 256 + c * 64, 64, dim=1).load(tr_layout)
-                    vt.index(v).slice(h * 256 + c * 64, 64, dim=0).store(gl.permute(x, (1, 0)))
+                x = k_nope.index(s).slice(h * 256, 256, dim=1).load(tr_layout)
+                vt.index(v).slice(h * 256, 256, dim=0).store(gl.permute(x, (1, 0)))
                 fence_async_shared()  # generic stores, then wgmma (async proxy) reads
                 gl.thread_barrier()
                 mbarrier.arrive(vt_ready.index(2 * v + h))

@@ -46,8 +46,11 @@ SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32",
 # Diagnostic copies of the kernel (timing only, wrong results): text replacements in its source.
 ABLATIONS = {
     # no V transpose: the producer publishes the Vᵀ buffers without writing them
-    "new_no_transpose": [("vt.index(v).slice(h * 256 + c * 64, 64, dim=0).store(gl.permute(x, (1, 0)))",
+    "new_no_transpose": [("vt.index(v).slice(h * 256, 256, dim=0).store(gl.permute(x, (1, 0)))",
                           "pass")],
+    # no proxy fence between the wait for a block's copies and the transpose's loads
+    "new_no_prefence": [("mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)\n            fence_async_shared()",
+                         "mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)")],
     # no gather: every row invalid, so no cp.async copies a byte (softmax of -inf)
     "new_no_gather": [("return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)",
                        "return idx, (idx >= 0) & (idx < s_kv) & (j < 0)")],
