@@ -64,7 +64,7 @@ D_V = 512
 # Stages of gathered blocks, V-transpose buffers, and registers per thread of the consumer and
 # producer warpgroups (the kernel starts at max_regs for all 12 warps; 2 * 128 * consumer_regs
 # + 128 * producer_regs <= 12 * 32 * max_regs). Measured: docs/design/sparse_mla_prefill.md.
-TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "consumer_regs": 224, "producer_regs": 56,
+TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "consumer_regs": 224, "producer_regs": 56,
           "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
@@ -95,7 +95,8 @@ def _valid_rows(idx_smem, i, n_rows, s_kv, layout: gl.constexpr):
 @gluon.jit
 def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
               idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK: gl.constexpr,
-              NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, LAG: gl.constexpr):
+              NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, LAG: gl.constexpr,
+              TR_CONS: gl.constexpr):
     """Gather block ``i`` into stage ``i % NUM_STAGES``, then transpose block ``i - LAG``'s V.
 
     The indices travel through ``idx_smem`` (4 slots), copied two blocks ahead with
@@ -142,7 +143,7 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
             mbarrier.arrive(k_ready.index(s))
             async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
             _load_indices(idx_smem, index_row, i + 2, topk, flat_layout)
-        if i >= LAG:
+        if (not TR_CONS) and i >= LAG:
             b = i - LAG
             s = b % NUM_STAGES
             v = b % NUM_VT
@@ -172,11 +173,13 @@ def _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, i, D_QK: gl.const
 
 
 @gluon.jit
-def _issue_pv2(C: gl.constexpr, p, acc, p_smem, vt, vt_ready, p_bar, NUM_VT: gl.constexpr):
+def _issue_pv2(C: gl.constexpr, p, acc, p_smem, vt, vt_ready, p_bar, NUM_VT: gl.constexpr,
+               TR_CONS: gl.constexpr):
     """Start the second P·V of pair ``p`` (block ``2p + 1``) into ``acc``; returns its token."""
     b = 2 * p + 1
     v = b % NUM_VT
-    mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
+    if not TR_CONS:
+        mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
     if C == 0:
         mbarrier.wait(p_bar.index(1), p & 1)
     return warpgroup_mma(p_smem.index(2 * (p & 1) + 1),
@@ -187,7 +190,7 @@ def _issue_pv2(C: gl.constexpr, p, acc, p_smem, vt, vt_ready, p_bar, NUM_VT: gl.
 @gluon.jit
 def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx, vt,
                  k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES: gl.constexpr,
-                 NUM_VT: gl.constexpr):
+                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr):
     """Softmax of this consumer's block ``2p + C`` (S in ``sc``), the max chain, P to shared
     memory, and the first P·V of pair ``p`` (block ``2p``). Returns ``acc`` and ``l_i``
     relative to ``m1`` and ``m1``, the pair's final maximum."""
@@ -230,7 +233,8 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
     acc = acc * gl.expand_dims(gl.convert_layout(gl.exp2(m_run - m0_ref), row_o), 1)
     b = 2 * p
     v = b % NUM_VT
-    mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
+    if not TR_CONS:
+        mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
     acc = warpgroup_mma(p_smem.index(2 * par), vt.index(v).slice(C * 256, 256, dim=0)
                         .permute((1, 0)), acc, is_async=True)
     if C == 0:
@@ -239,7 +243,8 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
     else:
         m1 = m_new
     acc = warpgroup_mma_wait(0, deps=(acc, ))
-    mbarrier.arrive(vt_free.index(2 * v + C))
+    if not TR_CONS:
+        mbarrier.arrive(vt_free.index(2 * v + C))
     m1_ref = gl.where(m1 == float("-inf"), 0.0, m1)
     beta = gl.exp2(m0_ref - m1_ref)
     acc = acc * gl.expand_dims(gl.convert_layout(beta, row_o), 1)
@@ -249,11 +254,32 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
 
 
 @gluon.jit
+def _transpose_pair(C: gl.constexpr, p, k_nope, vt, k_ready, k_free, NUM_STAGES: gl.constexpr):
+    """Half ``C`` of V of blocks ``2p`` and ``2p + 1``, transposed into rows ``[256C, 256C +
+    256)`` of ``vt[0]`` and ``vt[1]``; releases the other consumer's block."""
+    # [64 rows, 64 columns] of V per load: 8 x 4 bytes a thread, stored transposed as 4 runs
+    # of 8 contiguous bytes.
+    tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
+    for q in gl.static_range(2):
+        b = 2 * p + q
+        s = b % NUM_STAGES
+        if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
+            mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
+        for c in gl.static_range(4):
+            x = k_nope.index(s).slice(C * 256 + c * 64, 64, dim=1).load(tr_layout)
+            vt.index(q).slice(C * 256 + c * 64, 64, dim=0).store(gl.permute(x, (1, 0)))
+        if q != C:
+            mbarrier.arrive(k_free.index(s))
+    fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+    gl.thread_barrier()
+
+
+@gluon.jit
 def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0,
               h_q, n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
               p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
               D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-              NUM_VT: gl.constexpr):
+              NUM_VT: gl.constexpr, TR_CONS: gl.constexpr):
     """Consumer ``C``: blocks ``2p + C``, output columns ``[256C, 256C + 256)``; consumer 1
     also writes ``max_logits`` and ``lse``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
@@ -270,21 +296,26 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
     # Pair 0 is peeled: carrying a Q·Kᵀ token across the loop's back edge makes ptxas
     # serialise every wgmma.
     st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, C, D_QK, NUM_STAGES)
+    if TR_CONS:
+        _transpose_pair(C, 0, k_nope, vt, k_ready, k_free, NUM_STAGES)
     sc = warpgroup_mma_wait(0, deps=(st, ))
     acc, m_run, l_i = _softmax_pv1(C, 0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
                                    vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
-                                   NUM_VT)
+                                   NUM_VT, TR_CONS)
     for p in range(1, n_pairs):
-        pv = _issue_pv2(C, p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT)
+        pv = _issue_pv2(C, p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
         st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * p + C, D_QK,
                        NUM_STAGES)
         acc = warpgroup_mma_wait(QK_GROUPS, deps=(pv, ))
-        mbarrier.arrive(vt_free.index(2 * ((2 * p - 1) % NUM_VT) + C))
+        if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite both
+            _transpose_pair(C, p, k_nope, vt, k_ready, k_free, NUM_STAGES)
+        else:
+            mbarrier.arrive(vt_free.index(2 * ((2 * p - 1) % NUM_VT) + C))
         sc = warpgroup_mma_wait(0, deps=(st, ))
         acc, m_run, l_i = _softmax_pv1(C, p, sc, acc, m_run, l_i, scale_log2, bias, p_smem,
                                        mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                                       NUM_STAGES, NUM_VT)
-    pv = _issue_pv2(C, n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT)
+                                       NUM_STAGES, NUM_VT, TR_CONS)
+    pv = _issue_pv2(C, n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
     acc = warpgroup_mma_wait(0, deps=(pv, ))
 
     lsum.index(C).store(l_i)
@@ -318,11 +349,11 @@ def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h
                 scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx,
                 lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
                 D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-                NUM_VT: gl.constexpr):
+                NUM_VT: gl.constexpr, TR_CONS: gl.constexpr):
     _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
               scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum,
               k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, D_QK, HAS_ATTN_SINK,
-              NUM_STAGES, NUM_VT)
+              NUM_STAGES, NUM_VT, TR_CONS)
 
 
 @gluon.jit
@@ -349,6 +380,7 @@ def sparse_mla_hopper_kernel(
     NUM_STAGES: gl.constexpr,
     NUM_VT: gl.constexpr,
     LAG: gl.constexpr,
+    TR_CONS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -361,6 +393,7 @@ def sparse_mla_hopper_kernel(
     int32, out ``[s_q, h_q, 512]`` bf16, max_logits and lse ``[s_q, h_q]`` float32; all
     contiguous, ``h_q`` a multiple of 64, ``topk`` of 128, ``D_QK`` 512 or 576.
     """
+    gl.static_assert((not TR_CONS) or NUM_VT == 2, "the consumers transpose into vt[0], vt[1]")
     head_blocks = h_q // _BLOCK_H
     pid = gl.program_id(0)
     token = (pid // head_blocks).to(gl.int64)
@@ -390,7 +423,7 @@ def sparse_mla_hopper_kernel(
     l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=129)  # 128 cp.async completions + the bias
-        mbarrier.init(k_free.index(s), count=1)
+        mbarrier.init(k_free.index(s), count=2 if TR_CONS else 1)
     for v in gl.static_range(2 * NUM_VT):
         mbarrier.init(vt_ready.index(v), count=1)
         mbarrier.init(vt_free.index(v), count=1)
@@ -434,14 +467,14 @@ def sparse_mla_hopper_kernel(
         (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
                      n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
                      p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                     l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT)),
+                     l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS)),
         (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
                        n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
                        p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                       l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT)),
+                       l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS)),
         (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
                      idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT,
-                     LAG)),
+                     LAG, TR_CONS)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -455,7 +488,7 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
     t = TUNING | tuning
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
-                LAG=t["lag"],
+                LAG=t["lag"], TR_CONS=t["tr_cons"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 

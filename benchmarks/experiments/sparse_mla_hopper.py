@@ -83,8 +83,8 @@ def kernels(names=None) -> dict:
             found["old"] = (old, {})
     except ImportError:
         pass
-    found["new"] = (hopper, {})
-    found["new_vt3"] = (hopper, {"num_vt": 3})
+    found["new"] = (hopper, {})  # the consumers transpose V
+    found["new_prod_tr"] = (hopper, {"tr_cons": False})  # the producer transposes V
     for name in ABLATIONS:
         if names is not None and name in names:
             found[name] = (_ablated(name), {})
