@@ -46,7 +46,7 @@ WS_LAUNCH = torch.ops.strictops_kernels.sparse_mla_ws_launch.default
 @pytest.fixture(params=["triton", "gluon"])
 def kernel(request, monkeypatch):
     """The kernel the op launches (``op.KERNEL``), read when a call is traced."""
-    if request.param == "gluon" and op._sparse_mla_hopper is None:
+    if request.param == "gluon" and not op._sparse_mla_gluon.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     monkeypatch.setattr(op, "KERNEL", request.param)
     return request.param

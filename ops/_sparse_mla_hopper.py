@@ -1,46 +1,52 @@
-"""The Hopper (sm_90) kernel of sparse MLA prefill, in Gluon (``triton.experimental``).
+"""A block-pair Hopper (sm_90) kernel of sparse MLA prefill, in Gluon (``triton.experimental``).
 
-``strictops.ops.sparse_mla_prefill`` imports this module only on its sm_90 path and only where
-the import works (a Triton without Gluon's Hopper API raises ``ImportError`` here, and the op
-keeps to its Triton kernel). Semantics, arguments and validation: see that module.
+Not the op's default: ``strictops.ops.sparse_mla_prefill`` runs ``_sparse_mla_gluon`` on sm_90,
+which measured 1-5% faster than this kernel on the H200 (``docs/design/sparse_mla_prefill.md``;
+``benchmarks/experiments/sparse_mla_hopper.py`` checks and times both). Importing this module
+needs Gluon's Hopper API (``ImportError`` otherwise). It computes what the op's kernels compute
+(see ``strictops.ops.sparse_mla_prefill``) from the same validated arguments.
 
 Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes token ``pid // (h_q // 64)`` for 64 heads.
-Three warpgroups (12 warps), one CTA per SM (about 190-227 KiB of shared memory):
+Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with the defaults):
 
-- the producer gathers KV block ``i`` (64 selected rows; ``D_QK`` bytes each) with ``cp.async``
-  into stage ``i % NUM_STAGES`` (invalid indices copy nothing: the row is zero-filled and its
-  column bias is ``-inf``), with the block's indices prefetched one block ahead; one block
-  later, once block ``i``'s copies have landed, it transposes the block's V part (its first
-  512 columns, FP8) into ``vt[i % NUM_VT]`` (``[512, 64]``, K-major for P·V);
+- the producer gathers KV block ``i`` (64 selected rows, ``D_QK`` bytes each) with ``cp.async``
+  into stage ``i % NUM_STAGES``: invalid indices copy nothing (the row is zero-filled) and get
+  a column bias of ``-inf``; the indices come through shared memory (``idx_smem``), copied
+  two blocks ahead;
 - consumer ``c`` (``c`` = 0, 1) owns the blocks ``2p + c`` of each pair ``p``: it computes the
   whole S = Q·Kᵀ of its block (FP8 ``wgmma`` m64n64k32, fp32 accumulation) and its softmax,
   writes its P (FP8, scaled by 2⁸ against e4m3's underflow) to shared memory, and runs P·V
   over both blocks of the pair for its 256 output columns ``[256c, 256c + 256)`` (FP8
-  ``wgmma`` m64n256k32). The row maximum is a one-way chain: consumer 0 publishes
-  ``m0 = max(m, rowmax(S_2p))``, consumer 1 ``m1 = max(m0, rowmax(S_2p+1))``; P of block
-  ``2p`` is relative to ``m0``, of block ``2p + 1`` to ``m1``, and each consumer rescales its
-  O to ``m0`` before the first P·V of a pair and to ``m1`` before the second. The second P·V
-  of pair ``p`` is issued together with the Q·Kᵀ of pair ``p + 1`` and runs beside it.
+  ``wgmma`` m64n256k32, V transposed to K-major in ``vt``). The row maximum is a one-way
+  chain: consumer 0 publishes ``m0 = max(m, rowmax(S_2p))``, consumer 1 ``m1 = max(m0,
+  rowmax(S_2p+1))``; P of block ``2p`` is relative to ``m0``, of block ``2p + 1`` to ``m1``,
+  and each consumer rescales its O to ``m0`` before the first P·V of a pair and to ``m1``
+  before the second. The second P·V of pair ``p`` is issued with the Q·Kᵀ of pair ``p + 1``.
+- V transpose (``TR_CONS``): each consumer transposes its own half of V of both blocks of a
+  pair into ``vt[0]``/``vt[1]`` while its Q·Kᵀ runs; otherwise the producer transposes block
+  ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``.
 
 Softmax arithmetic is in base 2: ``t = s * scale * log2(e) + bias`` (one FFMA), ``P =
 2^(t - m + 8)``; the row sums ``l`` (fp32, over the unrounded P) carry the same 2⁸, so ``lse =
-(m - 8) ln 2 + ln l`` and ``max_logits = m ln 2``.
+(m - 8) ln 2 + ln l`` and ``max_logits = m ln 2``. An empty row (no valid index) gives out = 0,
+max_logits = -inf, lse = +inf, and the attention-sink factor is applied only to rows that saw a
+valid index (so a sink of +inf never meets lse = +inf).
 
 Synchronisation, all by mbarriers in shared memory (phase = use count & 1):
 
 - ``k_ready[s]`` (count 129): the producer's 128 threads' ``cp.async`` completions
-  (``cp.async.mbarrier.arrive.noinc``) and one arrive after the bias row is stored; waited
-  by the owning consumer and by the producer itself before the transpose.
-- ``k_free[s]`` (count 1): the owning consumer, after its Q·Kᵀ and its bias load.
-- ``vt_ready[2v + c]`` / ``vt_free[2v + c]`` (count 1): half ``c`` of ``vt[v]`` (rows
-  ``[256c, 256c + 256)``), transposed by the producer, read by consumer ``c`` only.
+  (``cp.async.mbarrier.arrive.noinc``) and one arrive after the bias row is stored.
+- ``k_free[s]`` (count 2 with ``TR_CONS``, else 1): the owning consumer after its Q·Kᵀ and
+  bias load, and the other consumer after transposing its half of the block (``TR_CONS``;
+  otherwise the producer's own transpose precedes the refill in program order).
+- ``vt_ready[2v + c]`` / ``vt_free[2v + c]`` (count 1, producer transpose only): half ``c``
+  of ``vt[v]``, read by consumer ``c`` only. With ``TR_CONS`` each consumer writes and reads
+  only its own half, after its previous P·V of that buffer has completed.
 - ``mx_bar[c]`` (count 1): the maximum ``m0`` (``c = 0``) or ``m1`` in ``mx[2 (p & 1) + c]``.
 - ``p_bar[c]`` (count 1): P of block ``2p + c`` in ``p_smem[2 (p & 1) + c]``. Consumer 1
   waits ``p_bar[0]`` before it arrives at ``p_bar[1]``, so neither consumer can complete a
   barrier's phase twice before the other has waited for it.
 - ``l_bar`` (count 2): the row sums, exchanged once at the end.
-
-Tuning constants and what was measured: ``docs/design/sparse_mla_prefill.md``.
 """
 
 from __future__ import annotations
@@ -61,11 +67,13 @@ __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
 BLOCK_H = 64
 BLOCK_N = 64
 D_V = 512
-# Stages of gathered blocks, V-transpose buffers, and registers per thread of the consumer and
-# producer warpgroups (the kernel starts at max_regs for all 12 warps; 2 * 128 * consumer_regs
-# + 128 * producer_regs <= 12 * 32 * max_regs). Measured: docs/design/sparse_mla_prefill.md.
-TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "consumer_regs": 224, "producer_regs": 56,
-          "max_regs": 168}
+# Stages of gathered blocks (3 does not fit beside Q, Vᵀ and P at d_qk = 576), Vᵀ buffers and
+# the producer's transpose lag (producer transpose only; 3 buffers measured no faster), who
+# transposes V (the consumers: 404 against 358 TFLOPS), and registers per thread of the
+# consumer and producer warpgroups (2 * consumer_regs + producer_regs <= 3 * max_regs; 216
+# consumer registers spill). Measured on the H200: docs/design/sparse_mla_prefill.md.
+TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "consumer_regs": 224,
+          "producer_regs": 56, "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -109,7 +117,7 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
     nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     flat_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    # [64 rows, 64 columns] of V per load: 8 x 4 bytes a thread, stored transposed as 4 runs
+    # [64 rows, 64 columns] of V per load: 8 x 4 bytes a thread, stored transposed as 4 groups
     # of 8 contiguous bytes.
     tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
     cols = gl.arange(0, 512, gl.SliceLayout(0, nope_layout))
@@ -257,7 +265,7 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
 def _transpose_pair(C: gl.constexpr, p, k_nope, vt, k_ready, k_free, NUM_STAGES: gl.constexpr):
     """Half ``C`` of V of blocks ``2p`` and ``2p + 1``, transposed into rows ``[256C, 256C +
     256)`` of ``vt[0]`` and ``vt[1]``; releases the other consumer's block."""
-    # [64 rows, 64 columns] of V per load: 8 x 4 bytes a thread, stored transposed as 4 runs
+    # [64 rows, 64 columns] of V per load: 8 x 4 bytes a thread, stored transposed as 4 groups
     # of 8 contiguous bytes.
     tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
     for q in gl.static_range(2):

@@ -56,10 +56,7 @@ from torch.library import triton_op, wrap_triton
 from strictops.meta import sparse_mla_prefill as contract
 from strictops.meta._specs import TensorSpec
 
-try:  # Gluon's Hopper API; a Triton without it keeps every call on the Triton kernel
-    from . import _sparse_mla_hopper
-except ImportError:
-    _sparse_mla_hopper = None
+from . import _sparse_mla_gluon
 from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
 from ._interpret import interpreted
 
@@ -255,7 +252,7 @@ def check_topk_length_values(topk_length, topk, topk_length_errors=None) -> None
 def warp_specialized(q: torch.Tensor) -> bool:
     """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see
     ``KERNEL``): a trace-time constant of the device, never of a size."""
-    if KERNEL == "triton" or _sparse_mla_hopper is None:
+    if KERNEL == "triton" or not _sparse_mla_gluon.AVAILABLE:
         return False
     if KERNEL == "gluon":  # also on fake CUDA tensors without a GPU: CI traces this path
         return True
@@ -269,7 +266,7 @@ def _is_sm90(device_index: int) -> bool:
 
 def _launch_warp_specialized(q, *args):
     with on_device_of(q):
-        return _sparse_mla_hopper.launch(q, *args)
+        return _sparse_mla_gluon.launch(q, *args)
 
 
 @torch.library.custom_op("strictops_kernels::sparse_mla_ws_launch",

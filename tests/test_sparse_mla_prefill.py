@@ -7,7 +7,7 @@ from the contract raise the same error on the eager path (concrete sizes) and th
 kernel under the Triton interpreter against the float64 reference on small shapes (both head
 dims, invalid indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row
 that must not be read, out-of-range lengths counted); the Gluon kernel built for sm_90 with
-FP8 wgmma for both products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
+wgmma for both products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
 tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
 the warp-specialised Gluon one that sm_90 runs by default).
 """
@@ -474,7 +474,7 @@ def test_auto_picks_the_gluon_kernel_on_sm90_devices_only(capability, expected, 
             queries = device_capability.cache_info()
     finally:
         device_capability.cache_clear()
-    available = op._sparse_mla_hopper is not None
+    available = op._sparse_mla_gluon.AVAILABLE
     assert picks == [expected and available] * 3
     assert (queries.misses, queries.hits) == ((1, 2) if available else (0, 0))
     if available:
@@ -490,32 +490,57 @@ _WS_SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32
                  "s_kv": "i32", "h_q": "i32", "topk": "i32"}
 
 
-@pytest.mark.skipif(op._sparse_mla_hopper is None, reason="this Triton has no Gluon")
-@pytest.mark.parametrize("d_qk", contract.D_QKS)
-def test_gluon_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk):
-    """Without a GPU: the Hopper kernel compiles for sm_90 (a Gluon API change would fail
-    here first), both products are FP8 wgmma (no mma.sync fallback), each consumer computes
-    the whole S of its own blocks, registers move with setmaxnreg, and shared memory fits the
-    H200's 227 KiB."""
+def _sm90_ptx(module, kernel, d_qk: int, **tuning):
+    """PTX of a Gluon kernel built ahead of time for sm_90 with what its ``launch()`` compiles
+    (every optional argument given); asserts that its shared memory fits the H200's 227 KiB."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    ws = op._sparse_mla_hopper
-    constexprs = ws.constexprs(d_qk, True, True, True)  # what launch() compiles
-    source = GluonASTSource(ws.sparse_mla_hopper_kernel,
-                            _WS_SIGNATURE | {k: "constexpr" for k in constexprs}, constexprs,
-                            {(i,): [["tt.divisibility", 16]] for i in range(11)})
+    constexprs = module.constexprs(d_qk, True, True, True, **tuning)
+    source = GluonASTSource(kernel, _WS_SIGNATURE | {k: "constexpr" for k in constexprs},
+                            constexprs, {(i,): [["tt.divisibility", 16]] for i in range(11)})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                              options={"num_warps": 4, "maxnreg": ws.TUNING["max_regs"]})
+                              options={"num_warps": 4, "maxnreg": module.TUNING["max_regs"]})
+    assert compiled.metadata.shared <= 227 * 1024
     ptx = compiled.asm["ptx"]
+    assert "mma.sync" not in ptx and "setmaxnreg" in ptx  # no fallback; registers move
+    return ptx
+
+
+@pytest.mark.skipif(not op._sparse_mla_gluon.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
+    """Without a GPU: the warp-specialised kernel compiles for sm_90 (a Gluon API change
+    would fail here first), both products are wgmma (Q·Kᵀ FP8, P·V fp16; no mma.sync
+    fallback), S is shared between the consumers, registers move with setmaxnreg, and shared
+    memory fits the H200's 227 KiB."""
+    ws = op._sparse_mla_gluon
+    ptx = _sm90_ptx(ws, ws.sparse_mla_ws_kernel, d_qk)
+    # Per consumer: Q·Kᵀ of its 32 rows of the block is d_qk / 32 m64n32k32 instructions
+    # (the two consumers share one S), P·V over all 64 rows 64 / 16 m64n256k16 ones.
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3") == 2 * d_qk // 32
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16") == 2 * 4
+    assert "wgmma.mma_async.sync.aligned.m64n64k32" not in ptx  # no consumer computes all of S
+
+
+@pytest.mark.skipif(not op._sparse_mla_gluon.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+@pytest.mark.parametrize("tr_cons", [True, False])
+def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tr_cons):
+    """Without a GPU: the block-pair kernel (not the op's default; see
+    ``benchmarks/experiments/sparse_mla_hopper.py``) compiles for sm_90 with either V
+    transpose, both products are FP8 wgmma (no fp16 P·V), each consumer computes the whole S
+    of its own blocks."""
+    from strictops.ops import _sparse_mla_hopper as hopper
+
+    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, tr_cons=tr_cons)
     # Per consumer, Q·Kᵀ of a whole 64-row block is d_qk / 32 m64n64k32 instructions, written
     # out twice (the peeled first pair and the loop); P·V is two m64n256k32 instructions
     # (k = 64 rows), at four places (the first and second P·V, each peeled and in the loop).
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") == 2 * 2 * d_qk // 32
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") == 4 * d_qk // 32
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3") == 2 * 4 * 2
-    assert "f16.f16" not in ptx and "mma.sync" not in ptx and "setmaxnreg" in ptx
-    assert compiled.metadata.shared <= 227 * 1024
+    assert "f16.f16" not in ptx
 
 
 @pytest.fixture(params=["auto", "triton"])
@@ -583,20 +608,18 @@ def test_gpu_index_offsets_past_2_pow_31_bytes(kernel):
 @gpu
 def test_gpu_hopper_runs_the_warp_specialized_kernel_close_to_the_triton_one(monkeypatch):
     """On sm_90 the default is the Gluon kernel; it and the Triton kernel differ only in how
-    P is rounded for P·V (e4m3 with 2^8 headroom against bf16: 8.2e-3 to 8.7e-3 against
-    float64 for the Gluon kernel on the H200, about 2e-3 for the Triton kernel), and in the
-    order of the fp32 row sums."""
+    P is rounded for P·V (fp16 against bf16), far below the reference tolerance."""
     gen, seed = _fresh_generator()
     dims = contract.Dims(s_q=40, s_kv=1000, h_q=128, d_qk=576, topk=256, with_attn_sink=True,
                          device="cuda")
     args = op.random_inputs(dims, gen)
-    hopper = torch.cuda.get_device_capability() == (9, 0) and op._sparse_mla_hopper is not None
+    hopper = torch.cuda.get_device_capability() == (9, 0) and op._sparse_mla_gluon.AVAILABLE
     assert op.warp_specialized(args["q"]) == hopper
     monkeypatch.setattr(op, "KERNEL", "gluon" if hopper else "triton")
     ours = sparse_mla_q8kv8_prefill_fwd(**args)
     monkeypatch.setattr(op, "KERNEL", "triton")
     theirs = sparse_mla_q8kv8_prefill_fwd(**args)
-    assert op.relative_l2(ours[0], theirs[0]) <= 1.5e-2, f"seed {seed}"
+    assert op.relative_l2(ours[0], theirs[0]) <= 4e-3, f"seed {seed}"
     assert torch.equal(ours[1].isinf(), theirs[1].isinf()), f"seed {seed}"
     assert torch.allclose(ours[2], theirs[2], rtol=1e-4, atol=1e-4), f"seed {seed}"
 

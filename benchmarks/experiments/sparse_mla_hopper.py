@@ -1,5 +1,10 @@
 """The sm_90 sparse MLA kernels side by side: build facts, correctness, speed.
 
+Variants (``--kernels``): ``old`` (``strictops.ops._sparse_mla_gluon``, the op's default),
+``new`` (``strictops.ops._sparse_mla_hopper`` with its ``TUNING``: the consumers transpose V),
+``new_prod_tr`` (the same kernel with the producer transposing V), and the ablations in
+``ABLATIONS`` (wrong results, for timing only).
+
 Without a GPU (``--build``): compiles ``strictops.ops._sparse_mla_hopper`` (and the older
 ``_sparse_mla_gluon`` where present) for sm_90a with the Triton wheel's ptxas and prints
 registers, spills, ptxas warnings, shared memory and the SASS instruction mix.
@@ -43,7 +48,8 @@ SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32",
              "s_kv": "i32", "h_q": "i32", "topk": "i32"}
 
 
-# Diagnostic copies of the kernel (timing only, wrong results): text replacements in its source.
+# Diagnostic copies of the kernel with the producer transposing V (timing only, wrong results):
+# text replacements in its source.
 ABLATIONS = {
     # no V transpose: the producer publishes the Vᵀ buffers without writing them
     "new_no_transpose": [("vt.index(v).slice(h * 256, 256, dim=0).store(gl.permute(x, (1, 0)))",
@@ -87,7 +93,7 @@ def kernels(names=None) -> dict:
     found["new_prod_tr"] = (hopper, {"tr_cons": False})  # the producer transposes V
     for name in ABLATIONS:
         if names is not None and name in names:
-            found[name] = (_ablated(name), {})
+            found[name] = (_ablated(name), {"tr_cons": False})
     return {k: v for k, v in found.items() if names is None or k in names}
 
 
@@ -184,19 +190,10 @@ def check_cases(gen):
 
 
 def full_range(shape, gen):
-    """Per-tensor scales with amax -> 448 and logits of std 5."""
-    s_q, s_kv, h_q, d_qk, topk = shape
-    dims = contract.Dims(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, device="cuda")
-    args = m.random_inputs(dims, gen, invalid_fraction=0.0, edge_rows=False)
-    q = torch.randn(s_q, h_q, d_qk, device="cuda", generator=gen)
-    kv = torch.randn(s_kv, 1, d_qk, device="cuda", generator=gen)
-    q_scale, kv_scale = q.abs().amax() / 448, kv.abs().amax() / 448
-    args["q"] = (q / q_scale).to(contract.FP8)
-    args["kv"] = (kv / kv_scale).to(contract.FP8)
-    args["q_scale"] = q_scale.reshape(1).float()
-    args["kv_scale"] = kv_scale.reshape(1).float()
-    args["sm_scale"] = 5.0 / d_qk ** 0.5  # logits of std 5
-    return args
+    """Per-tensor scales with amax -> 448 and logits of std 5 (the benchmark's data)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench_sparse_mla_prefill import full_range_inputs
+    return full_range_inputs(shape, gen)
 
 
 def run_smoke(names) -> None:
