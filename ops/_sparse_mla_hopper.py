@@ -69,11 +69,12 @@ BLOCK_N = 64
 D_V = 512
 # Stages of gathered blocks (3 does not fit beside Q, Vᵀ and P at d_qk = 576), Vᵀ buffers and
 # the producer's transpose lag (producer transpose only; 3 buffers measured no faster), who
-# transposes V (the consumers: 404 against 358 TFLOPS), and registers per thread of the
+# transposes V (the consumers: 404 against 358 TFLOPS) and how many columns per load (128
+# halves the consumers' barriers; not yet measured), and registers per thread of the
 # consumer and producer warpgroups (2 * consumer_regs + producer_regs <= 3 * max_regs; 216
 # consumer registers spill). Measured on the H200: docs/design/sparse_mla_prefill.md.
-TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "consumer_regs": 224,
-          "producer_regs": 56, "max_regs": 168}
+TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
+          "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -262,20 +263,23 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
 
 
 @gluon.jit
-def _transpose_pair(C: gl.constexpr, p, k_nope, vt, k_ready, k_free, NUM_STAGES: gl.constexpr):
+def _transpose_pair(C: gl.constexpr, p, k_nope, vt, k_ready, k_free, NUM_STAGES: gl.constexpr,
+                    TR_COLS: gl.constexpr):
     """Half ``C`` of V of blocks ``2p`` and ``2p + 1``, transposed into rows ``[256C, 256C +
-    256)`` of ``vt[0]`` and ``vt[1]``; releases the other consumer's block."""
-    # [64 rows, 64 columns] of V per load: 8 x 4 bytes a thread, stored transposed as 4 groups
-    # of 8 contiguous bytes.
+    256)`` of ``vt[0]`` and ``vt[1]``, ``TR_COLS`` columns per load; releases the other
+    consumer's block."""
+    # [64 rows, 64 columns] per 8 x 4 bytes of a thread, stored transposed as 4 groups of 8
+    # contiguous bytes.
     tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
     for q in gl.static_range(2):
         b = 2 * p + q
         s = b % NUM_STAGES
         if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
             mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
-        for c in gl.static_range(4):
-            x = k_nope.index(s).slice(C * 256 + c * 64, 64, dim=1).load(tr_layout)
-            vt.index(q).slice(C * 256 + c * 64, 64, dim=0).store(gl.permute(x, (1, 0)))
+        for c in gl.static_range(256 // TR_COLS):
+            x = k_nope.index(s).slice(C * 256 + c * TR_COLS, TR_COLS, dim=1).load(tr_layout)
+            vt.index(q).slice(C * 256 + c * TR_COLS, TR_COLS, dim=0).store(
+                gl.permute(x, (1, 0)))
         if q != C:
             mbarrier.arrive(k_free.index(s))
     fence_async_shared()  # generic stores, then wgmma (async proxy) reads
@@ -287,7 +291,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
               h_q, n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
               p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
               D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-              NUM_VT: gl.constexpr, TR_CONS: gl.constexpr):
+              NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr):
     """Consumer ``C``: blocks ``2p + C``, output columns ``[256C, 256C + 256)``; consumer 1
     also writes ``max_logits`` and ``lse``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
@@ -305,7 +309,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
     # serialise every wgmma.
     st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, C, D_QK, NUM_STAGES)
     if TR_CONS:
-        _transpose_pair(C, 0, k_nope, vt, k_ready, k_free, NUM_STAGES)
+        _transpose_pair(C, 0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS)
     sc = warpgroup_mma_wait(0, deps=(st, ))
     acc, m_run, l_i = _softmax_pv1(C, 0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
                                    vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
@@ -316,7 +320,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
                        NUM_STAGES)
         acc = warpgroup_mma_wait(QK_GROUPS, deps=(pv, ))
         if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite both
-            _transpose_pair(C, p, k_nope, vt, k_ready, k_free, NUM_STAGES)
+            _transpose_pair(C, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS)
         else:
             mbarrier.arrive(vt_free.index(2 * ((2 * p - 1) % NUM_VT) + C))
         sc = warpgroup_mma_wait(0, deps=(st, ))
@@ -357,11 +361,11 @@ def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h
                 scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx,
                 lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
                 D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-                NUM_VT: gl.constexpr, TR_CONS: gl.constexpr):
+                NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr):
     _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
               scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum,
               k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, D_QK, HAS_ATTN_SINK,
-              NUM_STAGES, NUM_VT, TR_CONS)
+              NUM_STAGES, NUM_VT, TR_CONS, TR_COLS)
 
 
 @gluon.jit
@@ -389,6 +393,7 @@ def sparse_mla_hopper_kernel(
     NUM_VT: gl.constexpr,
     LAG: gl.constexpr,
     TR_CONS: gl.constexpr,
+    TR_COLS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -475,11 +480,11 @@ def sparse_mla_hopper_kernel(
         (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
                      n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
                      p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                     l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS)),
+                     l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS)),
         (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
                        n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
                        p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                       l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS)),
+                       l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS)),
         (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
                      idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT,
                      LAG, TR_CONS)),
@@ -496,7 +501,7 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
     t = TUNING | tuning
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
-                LAG=t["lag"], TR_CONS=t["tr_cons"],
+                LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 

@@ -2,7 +2,9 @@
 
 Variants (``--kernels``): ``old`` (``strictops.ops._sparse_mla_gluon``, the op's default),
 ``new`` (``strictops.ops._sparse_mla_hopper`` with its ``TUNING``: the consumers transpose V),
-``new_prod_tr`` (the same kernel with the producer transposing V), and the ablations in
+``new_prod_tr`` (the same kernel with the producer transposing V), ``new_tr128`` (the
+consumers transposing 128 columns per load: fewer barriers, not yet measured), and the
+ablations in
 ``ABLATIONS`` (wrong results, for timing only).
 
 Without a GPU (``--build``): compiles ``strictops.ops._sparse_mla_hopper`` (and the older
@@ -91,6 +93,7 @@ def kernels(names=None) -> dict:
         pass
     found["new"] = (hopper, {})  # the consumers transpose V
     found["new_prod_tr"] = (hopper, {"tr_cons": False})  # the producer transposes V
+    found["new_tr128"] = (hopper, {"tr_cols": 128})  # the consumers transpose 128 columns a load
     for name in ABLATIONS:
         if names is not None and name in names:
             found[name] = (_ablated(name), {"tr_cons": False})
