@@ -1,0 +1,163 @@
+"""Cached eager launches of compiled Triton and Gluon kernels.
+
+``kernel[grid](*args, **kwargs)`` (``JITFunction.run``, Triton 3.6) does on every call what
+only changes with the kernel's specialisation: it binds the arguments to the signature,
+specialises each one (``native_specialize_impl``), turns the specialisation and the options into
+a string key, checks the kernel's global constants, builds launch metadata for the launch hooks,
+wraps scratch allocation in closures, and in the C launcher calls ``data_ptr()`` and
+``cuPointerGetAttribute`` for every pointer. :class:`Launcher` keeps, per specialisation, the
+compiled kernel's C ``launch`` function, its handle and packed metadata, and per call computes
+only the key and the argument values, then calls ``launch`` directly.
+
+The key is at least as fine as Triton's own specialisation of the same call, which it must be
+(a launch of a kernel compiled for another specialisation corrupts memory):
+
+* a tensor: its dtype and whether ``data_ptr()`` is a multiple of 16 (Triton's pointer
+  alignment specialisation);
+* an ``int``: whether it equals 1, whether it is a multiple of 16, and its range (int32, int64,
+  uint64), which decide Triton's ``constexpr``/``"D"`` specialisation and its type;
+* a ``bool``, a ``float``, ``None``: their type (Triton passes floats as fp32, bools as u1,
+  ``None`` as a ``constexpr``);
+* a constexpr parameter: its value and type;
+* the options (``num_warps``, ``num_stages``, ``maxnreg``, ``launch_pdl``, ...), the current
+  device, and the two global knobs Triton adds to the options (``debug``,
+  ``instrumentation_mode``).
+
+Anything else (tensor subclasses, tuples, tensor descriptors, other types) and any call while a
+launch hook or pre-run hook is installed (profilers) goes through ``JITFunction.run`` unchanged.
+The first call of each key also goes through ``JITFunction.run`` (it compiles and launches),
+then its compiled kernel is kept.
+
+Pointers reach the C launcher as integers (their ``data_ptr()``), which skips the launcher's
+``cuPointerGetAttribute`` check that a pointer is device memory: callers launch only on
+arguments their contract has checked (CUDA tensors on the launch device).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from triton import knobs
+from triton.runtime.driver import driver
+
+__all__ = ["Launcher"]
+
+_INT32_MIN, _INT32_END = -(1 << 31), 1 << 31
+_INT64_MIN, _INT64_END, _UINT64_END = -(1 << 63), 1 << 63, 1 << 64
+
+
+def _int_key(value: int) -> tuple:
+    """What Triton's specialisation of an ``int`` argument depends on: whether it is 1, whether
+    a multiple of 16, and its type (int32, int64, uint64, or too large: Triton refuses it)."""
+    if _INT32_MIN <= value < _INT32_END:
+        width = 32
+    elif _INT64_MIN <= value < _INT64_END:
+        width = 64
+    else:
+        width = 65 if 0 <= value < _UINT64_END else 0
+    return value == 1, not value & 15, width
+
+
+def arguments(args: Sequence[Any], constexpr: Sequence[bool]):
+    """``(key, values)`` of one call: the specialisation key of ``args`` (see the module
+    docstring) and the values the C launcher takes (pointers as integers); ``(None, None)``
+    when an argument is of a kind only ``JITFunction.run`` handles."""
+    key = []
+    values = []
+    for value, is_constexpr in zip(args, constexpr):
+        cls = value.__class__
+        if is_constexpr:
+            key.append((cls, value))
+        elif cls is torch.Tensor:
+            pointer = value.data_ptr()
+            key.append((value.dtype, not pointer & 15))
+            value = pointer
+        elif cls is int:
+            key.append(_int_key(value))
+        elif cls is float or cls is bool or value is None:
+            key.append(cls)
+        else:
+            return None, None
+        values.append(value)
+    return tuple(key), values
+
+
+class _Prepared:
+    """One compiled specialisation: the C launch function and what it takes besides the
+    grid, the stream and the argument values."""
+
+    __slots__ = ("kernel", "launch", "head", "scratch", "globals")
+
+    def __init__(self, kernel, globals_used) -> None:
+        run = kernel.run  # CudaLauncher (loads the binary on first access)
+        self.kernel = kernel
+        # Kernels that need scratch memory get it from CudaLauncher.__call__, per call.
+        self.scratch = bool(run.global_scratch_size or run.profile_scratch_size)
+        self.launch = run if self.scratch else run.launch
+        self.head = ((kernel.function,) if self.scratch else
+                     (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None))
+        self.globals = tuple((name, value, namespace)
+                             for (name, _), (value, namespace) in globals_used.items())
+
+
+class Launcher:
+    """Eager launches of one ``@triton.jit`` or ``@gluon.jit`` kernel, prepared once per
+    specialisation.
+
+    ``launcher(grid, args, options)`` launches like ``kernel[grid](*args, **dict(options))``
+    on the current device and stream, where ``args`` holds every parameter of the kernel in
+    signature order (constexprs included) and ``options`` is a hashable tuple of
+    ``(name, value)`` launch options. Every tensor in ``args`` must be a CUDA tensor on the
+    current device (not checked here). Returns the compiled kernel.
+    """
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.constexpr = tuple(p.is_constexpr for p in fn.params)
+        self.prepared: dict[tuple, _Prepared] = {}
+        self._device = None
+        self._stream = None
+
+    def key(self, args: Sequence[Any], options: tuple) -> tuple | None:
+        """The cache key of a call on the current device (tests compare it with Triton's)."""
+        key, _ = arguments(args, self.constexpr)
+        if key is None:
+            return None
+        return (self._current_device(), options, knobs.runtime.debug,
+                knobs.compilation.instrumentation_mode, key)
+
+    def _current_device(self) -> int:
+        if self._device is None:
+            active = driver.active
+            self._device, self._stream = active.get_current_device, active.get_current_stream
+        return self._device()
+
+    def __call__(self, grid: Sequence[int], args: Sequence[Any], options: tuple = ()):
+        runtime = knobs.runtime
+        if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls or \
+                self.fn.pre_run_hooks:
+            return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
+        key, values = arguments(args, self.constexpr)
+        if key is None:
+            return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
+        device = self._current_device()
+        full_key = (device, options, runtime.debug, knobs.compilation.instrumentation_mode,
+                    key)
+        prepared = self.prepared.get(full_key)
+        if prepared is None:
+            kernel = self.fn.run(*args, grid=grid, warmup=False, **dict(options))
+            if hasattr(kernel, "result"):  # an asynchronous compile
+                kernel = kernel.result()
+            self.prepared[full_key] = _Prepared(kernel, self.fn.used_global_vals)
+            return kernel
+        for name, value, namespace in prepared.globals:
+            if namespace.get(name) != value:  # what JITFunction.run checks on every launch
+                raise RuntimeError(f"Global variable {name} has changed since we compiled "
+                                   f"this kernel, from {value} to {namespace.get(name)}")
+        grid_1 = grid[1] if len(grid) > 1 else 1
+        grid_2 = grid[2] if len(grid) > 2 else 1
+        kernel = prepared.kernel
+        prepared.launch(grid[0], grid_1, grid_2, self._stream(device), *prepared.head,
+                        kernel.packed_metadata, None, None, None, *values)
+        return kernel

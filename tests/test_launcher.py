@@ -1,0 +1,254 @@
+"""The cached launcher (strictops.ops._launcher) against Triton's own launch path, on CPU.
+
+Two checks: its specialisation key is at least as fine as ``JITFunction``'s own specialisation
+(two calls with one key never differ in Triton's), over many random argument sets; and, under
+a recording stand-in for the CUDA driver (the kernels are really compiled for sm_90), a cached
+launch passes the C launcher exactly what ``JITFunction.run`` passes, and a call of another
+specialisation compiles its own kernel.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.driver import CudaLauncher
+from triton.compiler import make_backend
+from triton.runtime.driver import driver
+from triton.runtime.jit import create_function_from_signature
+
+from strictops.ops import _launcher
+from strictops.ops._launcher import Launcher
+
+
+@triton.jit(do_not_specialize=["n_plain"], do_not_specialize_on_alignment=["n_unaligned"])
+def _probe_kernel(x_ptr, y_ptr, z_ptr, n, n_plain, n_unaligned, scale, flag, BLOCK: tl.constexpr,
+                  HAS_Z: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    if HAS_Z:
+        x += tl.load(z_ptr + offs, mask=mask)
+    if flag:
+        x = x * scale
+    tl.store(y_ptr + offs, x + n_plain + n_unaligned, mask=mask)
+
+
+TARGET = GPUTarget("cuda", 90, 32)
+BOUNDARY_INTS = [0, 1, 2, 15, 16, 17, 32, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16,
+                 -(2**31), -(2**31) - 1, -(2**31) - 16, 2**63 - 1, 2**63, 2**63 + 16,
+                 -(2**63), 2**64 - 16, 2**64 - 1]
+# Values Triton refuses to specialise (OverflowError): their key differs from every other.
+REFUSED_INTS = [-(2**63) - 16, -(2**63) - 1, 2**64, 2**64 + 16]
+
+
+def _binder(fn):
+    return create_function_from_signature(fn.signature, fn.params, make_backend(TARGET))
+
+
+def _random_args(rng: random.Random, storage: torch.Tensor):
+    def pointer():
+        dtype = rng.choice([torch.float32, torch.float16, torch.int32, torch.uint8])
+        offset = rng.choice([0, 0, 1, 2, 4, 8, 16, 3])  # bytes
+        return storage[offset:offset + 64].view(dtype) if offset % 4 == 0 or dtype == \
+            torch.uint8 else storage[offset:offset + 64]
+
+    def integer():
+        return rng.choice(BOUNDARY_INTS + [rng.randrange(-2**40, 2**40) * rng.choice([1, 16])])
+
+    return [pointer(), pointer(), rng.choice([None, pointer()]), integer(), integer(), integer(),
+            rng.choice([0.5, 2.0]), rng.choice([True, False]), rng.choice([16, 32]),
+            rng.choice([True, False])]
+
+
+def test_int_key_matches_triton_boundaries():
+    """Every boundary of Triton's int specialisation (1, multiples of 16, the int32 / int64 /
+    uint64 ranges) changes the key."""
+    from triton._C.libtriton import native_specialize_impl
+    backend = type(make_backend(TARGET))
+    seen = {}
+    for value in BOUNDARY_INTS:
+        triton_spec = native_specialize_impl(backend, value, False, True, True)
+        seen.setdefault(_launcher._int_key(value), set()).add(triton_spec)
+    assert all(len(specs) == 1 for specs in seen.values()), seen
+    for value in REFUSED_INTS:
+        with pytest.raises(OverflowError):
+            native_specialize_impl(backend, value, False, True, True)
+        assert _launcher._int_key(value) not in seen
+
+
+def test_key_is_at_least_as_fine_as_triton_specialisation():
+    rng = random.Random(0)
+    storage = torch.zeros(256, dtype=torch.uint8)
+    binder = _binder(_probe_kernel)
+    launcher = Launcher(_probe_kernel)
+    triton_of_key = {}
+    keys = set()
+    for _ in range(3000):
+        args = _random_args(rng, storage)
+        key, values = _launcher.arguments(args, launcher.constexpr)
+        assert key is not None
+        _, specialization, _ = binder(*args)
+        triton_of_key.setdefault(key, set()).add(str(specialization))
+        keys.add(key)
+        # The values passed: pointers as their addresses, everything else as given.
+        assert values == [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+    assert all(len(specs) == 1 for specs in triton_of_key.values())
+    assert len(keys) > 200  # the draws do cover many specialisations
+
+
+def test_unsupported_arguments_have_no_key():
+    launcher = Launcher(_probe_kernel)
+    storage = torch.zeros(64)
+    args = _random_args(random.Random(1), storage.view(torch.uint8))
+    for odd in (torch.nn.Parameter(storage), (1, 2), 1 + 2j, torch.float32):
+        assert _launcher.arguments([odd, *args[1:]], launcher.constexpr) == (None, None)
+
+
+class _RecordingLauncher(CudaLauncher):
+    """CudaLauncher (its real ``__call__``) whose C ``launch`` records its arguments."""
+
+    calls: list = []
+
+    def __init__(self, src, metadata) -> None:
+        self.num_ctas = getattr(metadata, "num_ctas", 1)
+        self.global_scratch_size = metadata.global_scratch_size
+        self.global_scratch_align = metadata.global_scratch_align
+        self.profile_scratch_size = metadata.profile_scratch_size
+        self.profile_scratch_align = metadata.profile_scratch_align
+        self.launch_cooperative_grid = metadata.launch_cooperative_grid
+        self.launch_pdl = metadata.launch_pdl
+        self.launch = lambda *args: _RecordingLauncher.calls.append(args)
+
+
+class _RecordingDriver:
+    launcher_cls = _RecordingLauncher
+
+    def __init__(self) -> None:
+        self.handles = iter(range(1000, 2000))
+        self.utils = SimpleNamespace(
+            load_binary=lambda name, kernel, shared, device: ("module", next(self.handles), 32,
+                                                              0, 1024),
+            get_device_properties=lambda device: {"max_shared_mem": 232448})
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 77
+
+    def get_current_target(self):
+        return TARGET
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+@pytest.fixture
+def recording_driver():
+    fake, previous = _RecordingDriver(), driver._active
+    driver.set_active(fake)
+    _RecordingLauncher.calls = []
+    try:
+        yield fake
+    finally:
+        driver.set_active(previous)  # no CUDA driver here: reset_active() would raise
+
+
+def _fresh_kernel():
+    """A new JITFunction of the probe kernel, so no compiled kernel of another test's driver
+    is reused."""
+    return triton.jit(_probe_kernel.fn, do_not_specialize=["n_plain"],
+                      do_not_specialize_on_alignment=["n_unaligned"])
+
+
+def _as_launched(call):
+    """A recorded launch with every tensor replaced by its address."""
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in call)
+
+
+def test_cached_launch_passes_what_jit_run_passes(recording_driver):
+    fn = _fresh_kernel()
+    launcher = Launcher(fn)
+    storage = torch.zeros(512, dtype=torch.float32)
+    x, y, z = storage[:64], storage[64:128], storage[128:192]
+    options = (("num_warps", 2),)
+    calls = [[x, y, None, 64, 5, 7, 0.5, True, 16, False],
+             [x, y, z, 48, 1, 1, 2.0, False, 16, True],
+             [x, y, None, 64, 9, 33, 0.25, True, 16, False]]
+    for args in calls:
+        launcher((4, 1, 1), args, options)  # first of its key: JITFunction.run
+        first = _RecordingLauncher.calls.pop()
+        launcher((4, 1, 1), args, options)  # cached
+        cached = _RecordingLauncher.calls.pop()
+        fn[(4,)](*args, num_warps=2)
+        reference = _RecordingLauncher.calls.pop()
+        # Triton passes launch metadata and its (empty) hook chains; the rest must be equal.
+        assert cached[:10] == reference[:10] and cached[10:13] == (None, None, None)
+        assert cached[13:] == _as_launched(reference[13:])
+        assert first[:10] == reference[:10] and _as_launched(first[13:]) == _as_launched(
+            reference[13:])
+    # calls 0 and 2 share a specialisation (same dtypes, aligned pointers, no int is 1 or a
+    # multiple of 16 where Triton looks); call 1 (z given, 48 % 16 == 0, n_plain == 1) not.
+    assert len(launcher.prepared) == 2
+
+
+def test_other_alignment_compiles_another_kernel(recording_driver):
+    fn = _fresh_kernel()
+    launcher = Launcher(fn)
+    storage = torch.zeros(512, dtype=torch.float32)
+    aligned = [storage[:64], storage[64:128], None, 64, 5, 7, 0.5, True, 16, False]
+    shifted = [storage[1:65], storage[64:128], None, 64, 5, 7, 0.5, True, 16, False]
+    k_aligned = launcher((1,), aligned, (("num_warps", 2),))
+    k_shifted = launcher((1,), shifted, (("num_warps", 2),))
+    assert k_aligned is not k_shifted and len(launcher.prepared) == 2
+    assert launcher((1,), shifted, (("num_warps", 2),)) is k_shifted
+    # Other options are another specialisation too.
+    assert launcher((1,), aligned, (("num_warps", 4),)) is not k_aligned
+
+
+def test_launch_hooks_take_the_jit_path(recording_driver):
+    from triton import knobs
+    fn = _fresh_kernel()
+    launcher = Launcher(fn)
+    storage = torch.zeros(128, dtype=torch.float32)
+    args = [storage[:64], storage[64:], None, 64, 5, 7, 0.5, True, 16, False]
+    launcher((1,), args)
+    launcher((1,), args)
+    assert _RecordingLauncher.calls.pop()[11] is None  # cached: no hooks
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launcher((1,), args)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    # JITFunction.run passed its hook chain, which the C launcher calls.
+    assert _RecordingLauncher.calls.pop()[11] is knobs.runtime.launch_enter_hook
+
+
+def test_changed_global_raises_as_triton_does(recording_driver):
+    fn = triton.jit(_global_kernel.fn)
+    launcher = Launcher(fn)
+    x = torch.zeros(16)
+    launcher((1,), [x])
+    global _SCALE
+    try:
+        _SCALE = tl.constexpr(3)
+        with pytest.raises(RuntimeError, match="Global variable _SCALE has changed"):
+            launcher((1,), [x])
+    finally:
+        _SCALE = tl.constexpr(2)
+
+
+_SCALE = tl.constexpr(2)
+
+
+@triton.jit
+def _global_kernel(x_ptr):
+    offs = tl.arange(0, 16)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs) * _SCALE)
