@@ -17,6 +17,10 @@ the check fails, so a passing check costs one predicate call.
 Messages are formatted from *concrete* views of the arguments (:func:`concrete`): a symbolic
 size is replaced by its hint, so the text raised while tracing with dynamic shapes is the text
 eager mode raises (``got 12``, never ``got s69``).
+
+A row may read tensor values (``reads_values``, e.g. lengths that must lie in a range): it runs
+only in plain eager mode on plain tensors outside CUDA-graph capture (:func:`values_readable`),
+never while tracing, so it costs no graph break and no host sync where those are not allowed.
 """
 
 from __future__ import annotations
@@ -130,12 +134,17 @@ class Check:
         that ``f"{dst.shape[0]=}"`` reads ``dst.shape[0]=12`` as the original message did.
     error:
         Exception type raised when the rule is broken.
+    reads_values:
+        The predicate reads tensor values, not only metadata: a host sync on a GPU tensor, and
+        impossible on a fake one. Such a row runs only where :func:`values_readable` allows it;
+        elsewhere it is skipped (the op must then cope with any value, e.g. in its kernel).
     """
 
     rule: str
     ok: Predicate
     message: Message
     error: type[Exception] = ValueError
+    reads_values: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,9 +186,12 @@ class Contract:
         raise KeyError(f"{self.op} has no rule {rule!r}; rules: {self.rules}")
 
     def validate(self, **args: Any) -> None:
-        """Run every check in order; raise the first failing one's error with its message."""
+        """Run every check in order; raise the first failing one's error with its message.
+        A ``reads_values`` row runs only where :func:`values_readable` allows it."""
         namespace = SimpleNamespace(**args)
         for c in self.checks:
+            if c.reads_values and not values_readable(args.values()):
+                continue
             ok = c.ok(namespace)
             # A plain True needs no guard and no message closure: the eager fast path.
             # Anything else (False, or a SymBool while tracing) goes through _check_with.
@@ -188,15 +200,35 @@ class Contract:
 
     def broken_rule(self, **args: Any) -> str | None:
         """The rule :meth:`validate` reports for these arguments: the first whose predicate
-        fails, or None. Predicates read metadata only, so the arguments may be real or fake;
-        with symbolic sizes a relation is evaluated on its hints (for tests, not for tracing)."""
+        fails, or None. The arguments may be real or fake (a ``reads_values`` row is skipped
+        where :meth:`validate` skips it); with symbolic sizes a relation is evaluated on its
+        hints (for tests, not for tracing)."""
         namespace = SimpleNamespace(**args)
-        return next((c.rule for c in self.checks if not hint(c.ok(namespace))), None)
+        return next((c.rule for c in self.checks
+                     if not (c.reads_values and not values_readable(args.values()))
+                     and not hint(c.ok(namespace))), None)
 
     def expected_error(self, rule: str, **args: Any) -> tuple[type[Exception], str]:
         """The (type, message) that breaking ``rule`` on these arguments must raise."""
         c = self.check(rule)
         return c.error, _lazy_message(c, args)()
+
+
+def values_readable(values: Iterable[Any]) -> bool:
+    """Whether a check may read the values of the tensors among ``values``: in plain eager
+    mode (not while ``torch.compile``/``torch.export`` trace, under no dispatch or function
+    mode such as ``FakeTensorMode``, no functorch transform), on plain ``torch.Tensor``s only,
+    and not while a CUDA graph is being captured on the current stream with a CUDA tensor
+    among them (a read would sync the host, which capture forbids)."""
+    if (torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack()
+            or torch._C._len_torch_function_stack()
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if any(type(t) is not torch.Tensor for t in tensors):
+        return False
+    return not (any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing())
 
 
 def _lazy_message(c: Check, args: Mapping[str, Any]) -> Callable[[], str]:

@@ -243,8 +243,11 @@ if AVAILABLE:
         weight = gl.where(seen, kv_scale / l_safe, 0.0)
         heads = head0 + gl.arange(0, _BLOCK_H, row_layout)
         if HAS_ATTN_SINK:
-            # exp(lse) / (exp(lse) + exp(sink)), written so that lse = +inf gives 1.
-            weight = weight / (1.0 + gl.exp(gl.load(attn_sink_ptr + heads) - lse))
+            # exp(lse) / (exp(lse) + exp(sink)) as 1 / (1 + exp(sink - lse)), which cannot
+            # give inf / inf. An empty row's weight is 0 already; its lse (+inf) is not
+            # subtracted, since for sink = +inf that is inf - inf = NaN.
+            sink = gl.load(attn_sink_ptr + heads)
+            weight = weight / (1.0 + gl.exp(sink - gl.where(seen, lse, 0.0)))
         row_of_head = token * h_q + heads
         if half == 0:
             gl.store(max_logits_ptr + row_of_head, m_i)

@@ -32,8 +32,9 @@ s_kv``, and ``j < topk_length[t]`` when given)::
     out        = sum_j softmax(s)_j * kv_scale * kv[idx_j, 0, :d_v]
     out       *= exp(lse) / (exp(lse) + exp(attn_sink[h]))       (with attn_sink)
 
-A row with no valid index gives ``out = 0``, ``max_logits = -inf``, ``lse = +inf``. Invalid
-indices and rows past ``topk_length`` are never read.
+A row with no valid index gives ``out = 0`` (whatever ``attn_sink``, ``+inf`` included),
+``max_logits = -inf``, ``lse = +inf``. A sink of ``+inf`` gives ``out = 0``, one of ``-inf``
+the output without a sink. Invalid indices and rows past ``topk_length`` are never read.
 
 ``topk_length`` values outside ``[0, topk]`` (a value check, not a contract rule): the kernel
 clamps them to that range, so any value is memory-safe. Besides, an eager call outside
@@ -178,9 +179,11 @@ def _sparse_mla_prefill_kernel(
     lse = tl.where(seen, m_i + tl.log(l_safe), float("inf"))
     weight = tl.where(seen, kv_scale / l_safe, 0.0)
     if HAS_ATTN_SINK:
-        # exp(lse) / (exp(lse) + exp(sink)), written so that lse = +inf gives 1, not inf/inf.
+        # exp(lse) / (exp(lse) + exp(sink)) as 1 / (1 + exp(sink - lse)), which cannot give
+        # inf / inf. An empty row's weight is 0 already; its lse (+inf) is not subtracted,
+        # since for sink = +inf that is inf - inf = NaN (0 / (1 + exp(sink)) is 0 for any sink).
         sink = tl.load(attn_sink_ptr + heads)
-        weight = weight / (1.0 + tl.exp(sink - lse))
+        weight = weight / (1.0 + tl.exp(sink - tl.where(seen, lse, 0.0)))
     out = acc * weight[:, None]
     tl.store(out_ptr + row_of_head[:, None] * D_V + cols[None, :], out.to(tl.bfloat16))
     tl.store(max_logits_ptr + row_of_head, m_i)
@@ -404,8 +407,9 @@ def sparse_mla_q8kv8_prefill_fwd(
         ``j``: ``s_j = sm_scale * q_scale * kv_scale * q[t, h] · kv[idx_j, 0]``,
         ``max_logits = max_j s_j``, ``lse = log Σ_j exp(s_j)``,
         ``out = Σ_j softmax(s)_j kv_scale kv[idx_j, 0, :d_v]``, times
-        ``exp(lse) / (exp(lse) + exp(attn_sink[h]))`` with a sink. A row with no valid index
-        gives ``out = 0``, ``max_logits = -inf``, ``lse = +inf``.
+        ``exp(lse) / (exp(lse) + exp(attn_sink[h]))`` with a sink (0 for a sink of ``+inf``).
+        A row with no valid index gives ``out = 0`` whatever the sink, ``max_logits = -inf``,
+        ``lse = +inf``.
 
     Notes
     -----
@@ -481,6 +485,11 @@ def reference(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=contract.D_V, att
         out        = Σ_j exp(s_j - lse) K[idx[t, j], :d_v]                 (0 when empty)
         out       *= sigmoid(lse - attn_sink[h])      (= exp(lse) / (exp(lse) + exp(sink)))
 
+    With ``attn_sink[h] = +inf`` the sink takes all the weight: ``out = 0``. With ``-inf`` it
+    takes none: ``out`` is as without a sink. An empty token (``J_t`` empty) has ``out = 0``
+    whatever the sink, ``+inf`` included (where ``lse - sink`` would be NaN); ``max_logits``
+    and ``lse`` never depend on the sink. No output is NaN for any sink in ``[-inf, +inf]``.
+
     Tokens are processed in chunks so that the gathered rows stay near
     ``REFERENCE_GATHER_BYTES``.
     """
@@ -515,7 +524,9 @@ def reference(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=contract.D_V, att
         out[t] = torch.einsum("thj,tjd->thd", torch.exp(s - row_lse[..., None]),
                               rows[..., :d_v])
     if attn_sink is not None:
-        out *= torch.sigmoid(lse - attn_sink.to(dtype)[None, :])[..., None]
+        gate = torch.sigmoid(lse - attn_sink.to(dtype)[None, :])
+        # An empty token's out is 0 already; its gate is NaN for sink = +inf (inf - inf).
+        out *= torch.where(valid.any(dim=-1)[:, None], gate, 0.0)[..., None]
     return out, max_logits, lse
 
 

@@ -400,6 +400,50 @@ def test_empty_rows_give_zero_out_minus_inf_max_and_plus_inf_lse(d_qk, with_attn
     assert bool(out[2:].abs().amax(dim=-1).gt(0).all() and lse[2:].isfinite().all())
 
 
+# Sinks at the ends of the range: +inf takes all the weight (out = 0), -inf none.
+SINKS = [0.75, float("inf"), float("-inf")]
+
+
+def _sink_case(sink: float, device: str, generator: torch.Generator) -> dict:
+    """A call whose every head has ``attn_sink = sink``, with NaN-poisoned buffers and the
+    three kinds of token: 0 selects only invalid indices, 1 has ``topk_length`` 0, 2 and 3
+    have 70 and ``topk`` rows (the edge rows of ``random_inputs``)."""
+    dims = contract.Dims(s_q=6, s_kv=300, h_q=64 if device == "cpu" else 128, d_qk=576,
+                         topk=128, with_attn_sink=True, with_buffers=True, device=device)
+    args = op.random_inputs(dims, generator)
+    args["attn_sink"].fill_(sink)
+    return args
+
+
+def _assert_sink_semantics(sink: float, outputs) -> None:
+    """No NaN anywhere; the empty tokens 0 and 1 give out 0, max -inf, lse +inf whatever the
+    sink; the others a finite lse, and out 0 exactly when the sink is +inf."""
+    out, max_logits, lse = (t.double() for t in outputs)
+    assert not any(bool(t.isnan().any()) for t in (out, max_logits, lse))
+    assert torch.equal(out[:2], torch.zeros_like(out[:2]))
+    assert bool((max_logits[:2] == float("-inf")).all() and (lse[:2] == float("inf")).all())
+    assert bool(lse[2:4].isfinite().all() and max_logits[2:4].isfinite().all())
+    nonzero = out[2:4].abs().amax(dim=-1) > 0
+    assert bool((~nonzero).all() if sink == float("inf") else nonzero.all())
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_reference_sink_at_any_value_and_empty_rows_give_no_nan(sink):
+    args = _sink_case(sink, "cpu", torch.Generator().manual_seed(11))
+    outputs = op.reference(**_inputs(args))
+    _assert_sink_semantics(sink, outputs)
+    if sink == float("-inf"):  # no weight to the sink: the result without one
+        plain = op.reference(**_inputs({**args, "attn_sink": None}))
+        assert all(torch.equal(a, b) for a, b in zip(outputs, plain))
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_interpreted_kernel_sink_at_any_value_and_empty_rows_give_no_nan(sink):
+    args = _sink_case(sink, "cpu", torch.Generator().manual_seed(12))
+    outputs, _ = _check_interpreted(args)
+    _assert_sink_semantics(sink, outputs)
+
+
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 def test_rows_that_must_not_be_read_are_never_read(d_qk, monkeypatch):
     """Every address the kernel loads, recorded by the interpreter: none in kv's row 0, where
@@ -557,6 +601,14 @@ def test_gpu_matches_the_reference_and_writes_every_element(d_qk, variant, kerne
     assert torch.equal(out[0], torch.zeros_like(out[0])) and bool(lse[0].isinf().all())
     if variant != "plain":
         assert args["topk_length_errors"].item() == 0
+
+
+@gpu
+@pytest.mark.parametrize("sink", SINKS)
+def test_gpu_sink_at_any_value_and_empty_rows_give_no_nan(sink, kernel):
+    gen, seed = _fresh_generator()
+    args = _sink_case(sink, "cuda", gen)
+    _assert_sink_semantics(sink, _check_on_gpu(args, seed))
 
 
 @gpu
