@@ -41,7 +41,7 @@ import torch
 from triton import knobs
 from triton.runtime.driver import driver
 
-__all__ = ["Launcher"]
+__all__ = ["Launcher", "keyword_constexprs"]
 
 _INT32_MIN, _INT32_END = -(1 << 31), 1 << 31
 _INT64_MIN, _INT64_END, _UINT64_END = -(1 << 63), 1 << 63, 1 << 64
@@ -133,7 +133,13 @@ class Launcher:
             self._device, self._stream = active.get_current_device, active.get_current_stream
         return self._device()
 
-    def __call__(self, grid: Sequence[int], args: Sequence[Any], options: tuple = ()):
+    def __call__(self, grid: Sequence[int], args: Sequence[Any], options: tuple = (),
+                 device: int | None = None):
+        """Launch on the current device, or on CUDA device ``device`` when given (made
+        current for the launch if it is not)."""
+        if device is not None and device != self._current_device():
+            with torch.cuda.device(device):
+                return self(grid, args, options)
         runtime = knobs.runtime
         if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls or \
                 self.fn.pre_run_hooks:
@@ -161,3 +167,11 @@ class Launcher:
         prepared.launch(grid[0], grid_1, grid_2, self._stream(device), *prepared.head,
                         kernel.packed_metadata, None, None, None, *values)
         return kernel
+
+
+def keyword_constexprs(fn, args: Sequence[Any]) -> tuple[tuple, dict]:
+    """``args`` (every parameter of ``fn`` in signature order) as ``fn[grid](*runtime,
+    **constexprs)`` takes them: the runtime arguments, then the constexprs by name (what
+    ``wrap_triton`` and the interpreter are given)."""
+    runtime = tuple(a for a, p in zip(args, fn.params) if not p.is_constexpr)
+    return runtime, {p.name: a for a, p in zip(args, fn.params) if p.is_constexpr}
