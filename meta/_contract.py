@@ -245,8 +245,8 @@ class CachedValidation:
 
     ``validation(*args)`` (the op's arguments in the order of ``names``) does what
     ``contract.validate(**dict(zip(names, args)))`` does, raising the same error with the same
-    message. The signature of a call holds, for each argument, the shape, strides, storage
-    offset, dtype and device of a tensor (its class too), or the type and value of anything
+    message. The signature of a call holds, for each argument, the class, layout, shape,
+    strides, storage offset, dtype and device of a tensor, or the type and value of anything
     else (``None`` included). A call whose signature passed before skips the rows that read
     only metadata, which a change of any of those pieces could break, and still runs every
     ``reads_values`` and ``reads_memory`` row. A failing call is never cached; nor a call whose
@@ -287,8 +287,9 @@ def _signature_function(names: tuple[str, ...]) -> Callable[..., tuple]:
     """A function of the arguments ``names`` that returns their metadata signature (see
     :class:`CachedValidation`), written out argument by argument: one call, no loop."""
     parts = ", ".join(
-        f"(({n}.__class__, {n}.shape, {n}.stride(), {n}.storage_offset(), {n}.dtype, "
-        f"{n}.device) if isinstance({n}, Tensor) else ({n}.__class__, {n}))" for n in names)
+        f"(({n}.__class__, {n}.layout, {n}.shape, {n}.stride(), {n}.storage_offset(), "
+        f"{n}.dtype, {n}.device) if isinstance({n}, Tensor) else ({n}.__class__, {n}))"
+        for n in names)
     source = f"def signature({', '.join(names)}):\n    return ({parts},)\n"
     namespace = {"Tensor": torch.Tensor}
     exec(source, namespace)  # noqa: S102 - the names are the op's own argument names
