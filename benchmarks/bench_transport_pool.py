@@ -1,4 +1,4 @@
-"""Benchmark: publishing a tensor into the transport pool at the SPEC §3 sizes.
+"""Benchmark: publishing a tensor into the transport pool.
 
 For 64 KiB, 1 MiB, 16 MiB and 256 MiB: ours (one launch up to 1 MiB, two above; the lease
 read from a device tensor, as a captured graph does, and the lease as kernel arguments, the
@@ -12,9 +12,8 @@ issue's bars (``BARS``, on the median over the rounds), written with the results
 
 An eager timing can include the GPU's wait for the host: ``do_bench`` fills the L2 before each
 call, and when the host takes longer to launch the publish than the GPU takes for that fill,
-the GPU waits and the wait is counted (session 6, up to 16 MiB: one 64 KiB round 5.7 us, the
-next two 53 us, with equal graph replays). The graph replays are the kernel's numbers;
-``eager_wall_us`` is the host's.
+the GPU waits and the wait is counted (``docs/design/transport_pool.md``). The graph replays
+are the kernel's numbers; ``eager_wall_us`` is the host's.
 
 Needs cuda-bindings (the original path).
 

@@ -1,5 +1,5 @@
 """Contract of ``strictops::copy_and_publish``, the copy-and-publish step of the GPU transport
-pool (SPEC §3).
+pool.
 
 Pool layout (bytes of one 1-D uint8 CUDA tensor, shared with consumer processes)::
 

@@ -46,6 +46,7 @@ from strictops.meta.testing import (
 )
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops import transport_pool as op
+from strictops.ops import transport_runtime as runtime
 from strictops.ops import _cuda_stream
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -142,7 +143,7 @@ CUDA IPC cannot transport an empty tensor""")
             str(raised(TransportPool, memory_size=1 << 20, consumer_count=0)), """consumer_count must be positive, got 0""")
 
     def test_inactive_lease(self):
-        alloc = op.LeaseAllocator(4096, 2, 1, "CUDA IPC")
+        alloc = runtime.LeaseAllocator(4096, 2, 1, "CUDA IPC")
         lease = alloc.allocate(10)
         alloc.release(lease)
         self.assertExpectedInline(str(raised(alloc.release, lease=lease)), """Cannot release inactive CUDA IPC pool lease (slot=0, generation=1)""")
@@ -150,7 +151,7 @@ CUDA IPC cannot transport an empty tensor""")
                                               action="cancel")), """Cannot cancel inactive CUDA IPC pool lease (slot=0, generation=1)""")
 
     def test_generation_exhausted_changes_nothing(self):
-        alloc = op.LeaseAllocator(4096, 2, 1, "CUDA IPC")
+        alloc = runtime.LeaseAllocator(4096, 2, 1, "CUDA IPC")
         alloc._generations[0] = contract.MAX_GENERATION  # slot 0 is next to be leased
         free = alloc.free_ranges
         err = raised(alloc.allocate, nbytes=10)
@@ -217,7 +218,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                 data=st.integers(1, 8 * ALIGN))
     def setup(self, slots, consumers, data):
         self.memory_size = contract.data_start(slots, consumers) + data
-        self.alloc = op.LeaseAllocator(self.memory_size, slots, consumers, "test")
+        self.alloc = runtime.LeaseAllocator(self.memory_size, slots, consumers, "test")
         self.words = [[0] * (1 + consumers) for _ in range(slots)]
         self.consumers = consumers
         self.generations = [0] * slots

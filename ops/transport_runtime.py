@@ -1,0 +1,414 @@
+"""The transport pool's runtime: lease allocator, producer pool and consumers.
+
+A producer copies a tensor into a leased range of one preallocated CUDA byte pool and publishes
+it (:func:`strictops.ops.transport_pool.copy_and_publish`: the bytes, then the lease's
+generation in its ready word); consumer processes, attached to the same pool over CUDA IPC,
+wait for that word in stream order, read the bytes and write the generation into their own ack
+word; a range is free again once every consumer has acknowledged. The layout and the lease
+format are in :mod:`strictops.meta.transport_pool`.
+
+:class:`LeaseAllocator` (pure Python: best-fit 256-byte-aligned ranges, merged when freed,
+slots with generations), :class:`TransportPool` (the producer: pool tensor, ``copy_tensor``,
+recycler, ``cancel_lease``, IPC export) and :class:`TransportConsumer` (wait, read,
+acknowledge). Waits and acks use ``cuStreamWaitValue32``/``cuStreamWriteValue32``
+(:mod:`._cuda_stream`), imported on first use.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from strictops.meta import transport_pool as contract
+from strictops.meta.transport_pool import (
+    DATA_ALIGNMENT,
+    ERRORS,
+    MAX_GENERATION,
+    STATE_WORDS,
+    WORD_BYTES,
+    Lease,
+    align_up,
+    lease_fits,
+)
+
+from . import _cuda_stream
+from ._dispatch import on_device_of
+from .transport_pool import _launch, _publish_kernel, copy_and_publish
+
+__all__ = [
+    "LeaseAllocator",
+    "PoolHandle",
+    "TransportConsumer",
+    "TransportPool",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_INFLIGHT_SLICES = 4096
+
+
+class LeaseAllocator:
+    """Leases of the pool's data region: best-fit 256-byte-aligned ranges, merged when freed,
+    and slots whose generation grows on every lease.
+
+    Pure Python (no tensor, no device, no lock): :class:`TransportPool` calls it under its lock,
+    and the tests drive it directly.
+
+    Parameters
+    ----------
+    memory_size, max_inflight_slices, consumer_count : int
+        The pool's layout (:mod:`strictops.meta.transport_pool`), already validated.
+    name : str
+        The transport's name, for messages.
+    """
+
+    def __init__(self, memory_size: int, max_inflight_slices: int, consumer_count: int,
+                 name: str) -> None:
+        self.name = name
+        self.memory_size = memory_size
+        self.consumer_count = consumer_count
+        self.data_start = contract.data_start(max_inflight_slices, consumer_count)
+        self.slot_bytes = contract.slot_bytes(consumer_count)
+        self._free = [(self.data_start, memory_size)]  # sorted, disjoint, never adjacent
+        self._free_slots = list(reversed(range(max_inflight_slices)))  # lowest slot on top
+        self._generations = [0] * max_inflight_slices
+        self._active: dict[int, Lease] = {}
+
+    @property
+    def active(self) -> tuple[Lease, ...]:
+        return tuple(self._active.values())
+
+    @property
+    def free_ranges(self) -> tuple[tuple[int, int], ...]:
+        return tuple(self._free)
+
+    def generation(self, slot: int) -> int:
+        """The generation of ``slot``'s latest lease (0: never leased)."""
+        return self._generations[slot]
+
+    def allocate(self, nbytes: int) -> Optional[Lease]:
+        """A lease of ``nbytes`` bytes (rounded up to 256), or None if no range or slot is free.
+
+        Best fit: the smallest free range that holds it, the lowest address among equals; the
+        lease takes the range's start. Raises ``RuntimeError`` when the slot's generation would
+        pass ``0x7FFFFFFF``, before anything changes.
+        """
+        if nbytes <= 0:
+            raise ValueError(f"{self.name} lease size must be positive, got {nbytes}")
+        size = align_up(nbytes, DATA_ALIGNMENT)
+        fits = [(end - start, start, i) for i, (start, end) in enumerate(self._free)
+                if end - start >= size]
+        if not fits or not self._free_slots:
+            return None
+        _, start, i = min(fits)
+        slot = self._free_slots[-1]
+        generation = self._generations[slot] + 1
+        if generation > MAX_GENERATION:
+            raise RuntimeError(f"{self.name} pool slot generation exhausted")
+        self._free_slots.pop()
+        self._generations[slot] = generation
+        range_end = self._free[i][1]
+        if start + size < range_end:
+            self._free[i] = (start + size, range_end)
+        else:
+            del self._free[i]
+        ready = slot * self.slot_bytes
+        lease = Lease(start, start + size, nbytes, slot, generation, ready, ready + WORD_BYTES)
+        self._active[slot] = lease
+        return lease
+
+    def require_active(self, lease: Lease, action: str) -> None:
+        """Raise ``RuntimeError`` unless ``lease`` is the live lease of its slot."""
+        if self._active.get(lease.slot) != lease:
+            raise RuntimeError(f"Cannot {action} inactive {self.name} pool lease "
+                               f"(slot={lease.slot}, generation={lease.generation})")
+
+    def release(self, lease: Lease) -> None:
+        """Free ``lease``'s range (merged with free neighbours) and slot."""
+        self.require_active(lease, "release")
+        del self._active[lease.slot]
+        self._free_slots.append(lease.slot)
+        start, end = lease.start, lease.end
+        i = bisect.bisect(self._free, (start, end))
+        if i < len(self._free) and self._free[i][0] == end:  # merge with the next range
+            end = self._free.pop(i)[1]
+        if i > 0 and self._free[i - 1][1] == start:  # ... and the previous one
+            i -= 1
+            start = self._free.pop(i)[0]
+        self._free.insert(i, (start, end))
+
+    def recycle(self, control_words: Sequence[Sequence[int]]) -> list[Lease]:
+        """Release every live lease that all consumers acknowledged; return those leases.
+
+        ``control_words[slot]`` is the slot's row of int32 control words as read from the
+        pool: ``[ready, ack_0, ..., ack_{consumer_count-1}]``.
+        """
+        done = [lease for lease in self._active.values()
+                if all(w == lease.generation
+                       for w in control_words[lease.slot][1:1 + self.consumer_count])]
+        for lease in done:
+            self.release(lease)
+        return done
+
+
+@dataclass(frozen=True)
+class PoolHandle:
+    """What a consumer process needs to attach to a pool: picklable (send it through a
+    ``torch.multiprocessing`` queue or pipe). ``rebuild(*args)`` opens the pool's CUDA IPC
+    handle (``torch.multiprocessing.reductions.reduce_tensor``)."""
+
+    rebuild: Callable[..., torch.Tensor]
+    args: tuple
+    max_inflight_slices: int
+    consumer_count: int
+    name: str
+
+
+class TransportPool:
+    """The producer's side: a CUDA byte pool, its leases, the publish, and the recycler.
+
+    Parameters
+    ----------
+    memory_size : int
+        Bytes of the pool, control words included.
+    device : torch.device or str, optional
+        CUDA device of the pool (default: the current one).
+    consumer_count : int
+        Consumers that must acknowledge every lease.
+    max_inflight_slices : int
+        Slots, i.e. leases live at once.
+    recycle_interval : float or None
+        Seconds between the background recycler's passes; None starts no recycler (call
+        :meth:`recycle`).
+    name : str
+        The transport's name in messages (``"{name} requires a CUDA tensor"``).
+    """
+
+    def __init__(self, memory_size: int, *, device=None, consumer_count: int = 1,
+                 max_inflight_slices: int = DEFAULT_MAX_INFLIGHT_SLICES,
+                 recycle_interval: Optional[float] = 0.005, name: str = "CUDA IPC") -> None:
+        if memory_size <= 0:
+            raise ValueError("memory_size must be positive")
+        if recycle_interval is not None and recycle_interval <= 0:
+            raise ValueError("recycle_interval must be positive")
+        # The layout rules on a meta tensor: a bad layout is refused before any allocation.
+        contract.LAYOUT.validate(pool=torch.empty(memory_size, dtype=torch.uint8, device="meta"),
+                                 max_inflight_slices=max_inflight_slices,
+                                 consumer_count=consumer_count, name=name)
+        self.device = torch.device(device if device is not None else "cuda")
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.name = name
+        self.max_inflight_slices = max_inflight_slices
+        self.consumer_count = consumer_count
+        self.allocator = LeaseAllocator(memory_size, max_inflight_slices, consumer_count, name)
+        self.tensor = torch.empty(memory_size, dtype=torch.uint8, device=self.device)
+        self._control = _control_words(self.tensor, max_inflight_slices, consumer_count)
+        self._control.zero_()
+        # One state row per slot: publishes in flight at once have different slots.
+        self._state = torch.zeros(max_inflight_slices, STATE_WORDS, dtype=torch.int32,
+                                  device=self.device)
+        # Zeroed before any other stream, thread or process reads a control word.
+        torch.cuda.synchronize(self.device)
+        self.base_address = self.tensor.data_ptr()
+        self._recycle_stream = torch.cuda.Stream(self.device)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._recycler = None
+        if recycle_interval is not None:
+            self._recycler = threading.Thread(target=self._recycle_loop, args=(recycle_interval,),
+                                              name=f"{name} pool recycler", daemon=True)
+            self._recycler.start()
+
+    @property
+    def active_lease_count(self) -> int:
+        with self._lock:
+            return len(self.allocator.active)
+
+    def lease(self, nbytes: int) -> Optional[Lease]:
+        """A lease of ``nbytes`` bytes, or None when no range or slot is free (for callers that
+        publish through :meth:`publish`, e.g. from a CUDA graph)."""
+        with self._lock:
+            return self.allocator.allocate(nbytes)
+
+    def release(self, lease: Lease) -> None:
+        """Free a lease whose publish was never enqueued (a published one is freed by its
+        consumers' acknowledgements, or by :meth:`cancel_lease`)."""
+        with self._lock:
+            self.allocator.release(lease)
+
+    def publish(self, src: torch.Tensor, lease: torch.Tensor, state: torch.Tensor) -> None:
+        """:func:`copy_and_publish` into this pool: ``lease`` and ``state`` are device tensors,
+        so this call can be captured in a CUDA graph and replayed into new leases."""
+        copy_and_publish(self.tensor, src, lease, state, self.max_inflight_slices,
+                         self.consumer_count)
+
+    def copy_tensor(self, tensor: torch.Tensor
+                    ) -> tuple[Optional[Lease], Optional[torch.Tensor]]:
+        """Copy ``tensor`` into a new lease and publish it on the current stream.
+
+        Returns ``(lease, view)``, ``view`` being the lease's bytes in the pool (uint8
+        ``[nbytes]``), or ``(None, None)`` when no range or slot is free. The source is checked
+        before anything is leased; if the launch fails the lease is released.
+        """
+        source = tensor.contiguous()
+        contract.SOURCE.validate(pool=self.tensor, src=source,
+                                 max_inflight_slices=self.max_inflight_slices,
+                                 consumer_count=self.consumer_count, name=self.name)
+        lease = self.lease(source.numel() * source.element_size())
+        if lease is None:
+            return None, None
+        try:
+            self._publish_lease(source, lease)
+        except BaseException:
+            self.release(lease)
+            raise
+        return lease, self.tensor[lease.start:lease.start + lease.nbytes]
+
+    def _publish_lease(self, source: torch.Tensor, lease: Lease) -> None:
+        # The lease is on the host: its values go to the kernel as arguments (no copy to the
+        # device first), with the slot's own state row.
+        state = self._state[lease.slot]
+        with on_device_of(self.tensor):
+            _launch(_publish_kernel, self.tensor, source, state, state,
+                    self.max_inflight_slices, self.consumer_count, values=lease)
+
+    def cancel_lease(self, lease: Lease) -> None:
+        """Acknowledge, for every consumer, a published lease that was never dispatched: in
+        stream order after its publish, so the recycler frees it once the publish is done."""
+        with self._lock:
+            self.allocator.require_active(lease, "cancel")
+        stream = torch.cuda.current_stream(self.device)
+        _cuda_stream.wait_value32(stream, self.base_address + lease.ready_byte_offset,
+                                  lease.generation)
+        for rank in range(self.consumer_count):
+            _cuda_stream.write_value32(
+                stream, self.base_address + lease.ack_byte_offset + rank * WORD_BYTES,
+                lease.generation)
+
+    def recycle(self) -> list[Lease]:
+        """Free every lease that all consumers acknowledged; return them.
+
+        Reads the control words on a stream of its own, so it waits for no producer work.
+        """
+        with torch.cuda.stream(self._recycle_stream):
+            words = self._control.to("cpu").tolist()
+        with self._lock:
+            return self.allocator.recycle(words)
+
+    def error_count(self) -> int:
+        """Publishes from :meth:`copy_tensor` the device refused (syncs the host: diagnostics)."""
+        return int(self._state[:, ERRORS].sum())
+
+    def export_handle(self) -> PoolHandle:
+        """A picklable handle through which another process attaches to this pool."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        rebuild, args = reduce_tensor(self.tensor)
+        return PoolHandle(rebuild, args, self.max_inflight_slices, self.consumer_count,
+                          self.name)
+
+    def shutdown(self) -> None:
+        """Stop the recycler thread (leases stay as they are)."""
+        self._stop.set()
+        if self._recycler is not None and self._recycler.is_alive():
+            self._recycler.join()
+
+    def _recycle_loop(self, interval: float) -> None:
+        torch.cuda.set_device(self.device)
+        while not self._stop.is_set():
+            try:
+                self.recycle()
+            except Exception:  # a failed pass must not end the thread: the next may succeed
+                logger.warning("%s pool recycle failed", self.name, exc_info=True)
+            self._stop.wait(interval)
+
+
+def _control_words(pool: torch.Tensor, max_inflight_slices: int,
+                   consumer_count: int) -> torch.Tensor:
+    """The int32 ``[max_inflight_slices, 1 + consumer_count]`` control words of ``pool``."""
+    words = 1 + consumer_count
+    control = pool[:max_inflight_slices * words * WORD_BYTES].view(torch.int32)
+    return control.view(max_inflight_slices, words)
+
+
+class TransportConsumer:
+    """One consumer's side of a pool: wait for a lease, read it, acknowledge it, all in stream
+    order on the caller's current stream (no host polling).
+
+    Parameters
+    ----------
+    pool : torch.Tensor
+        The pool (``[memory_size]`` uint8 CUDA), shared or the producer's own.
+    rank : int
+        This consumer's ack word, ``0 <= rank < consumer_count``.
+    max_inflight_slices, consumer_count : int
+        The pool's layout.
+    name : str
+        The transport's name, for messages.
+    """
+
+    def __init__(self, pool: torch.Tensor, *, rank: int, max_inflight_slices: int,
+                 consumer_count: int, name: str = "CUDA IPC") -> None:
+        contract.LAYOUT.validate(pool=pool, max_inflight_slices=max_inflight_slices,
+                                 consumer_count=consumer_count, name=name)
+        if not 0 <= rank < consumer_count:
+            raise ValueError(f"{name} consumer rank {rank} is outside [0, {consumer_count})")
+        self.pool = pool
+        self.rank = rank
+        self.max_inflight_slices = max_inflight_slices
+        self.consumer_count = consumer_count
+        self.name = name
+        self.base_address = pool.data_ptr()
+
+    @classmethod
+    def attach(cls, handle: PoolHandle, rank: int) -> "TransportConsumer":
+        """Open the pool of another process through its :meth:`TransportPool.export_handle`."""
+        return cls(handle.rebuild(*handle.args), rank=rank,
+                   max_inflight_slices=handle.max_inflight_slices,
+                   consumer_count=handle.consumer_count, name=handle.name)
+
+    @classmethod
+    def local(cls, pool: TransportPool, rank: int) -> "TransportConsumer":
+        """A consumer in the producer's own process."""
+        return cls(pool.tensor, rank=rank, max_inflight_slices=pool.max_inflight_slices,
+                   consumer_count=pool.consumer_count, name=pool.name)
+
+    def _checked(self, lease: Sequence[int]) -> Lease:
+        # Lease values arrive from another process: checked on the host before they become
+        # device addresses for a wait, a view or a write.
+        if not lease_fits(lease, self.pool.numel(), self.max_inflight_slices,
+                          self.consumer_count):
+            raise ValueError(f"{self.name} lease does not fit this pool: {tuple(lease)}")
+        return Lease(*lease)
+
+    def wait(self, lease: Lease) -> None:
+        """Make the current stream wait until ``lease`` is published."""
+        lease = self._checked(lease)
+        _cuda_stream.wait_value32(torch.cuda.current_stream(self.pool.device),
+                                  self.base_address + lease.ready_byte_offset, lease.generation)
+
+    def view(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+        """The lease's bytes as a ``dtype`` tensor of ``shape`` (no copy; valid until
+        acknowledged)."""
+        lease = self._checked(lease)
+        return self.pool[lease.start:lease.start + lease.nbytes].view(dtype).view(shape)
+
+    def acknowledge(self, lease: Lease) -> None:
+        """Write this consumer's ack once the current stream's prior work (its reads) is done."""
+        lease = self._checked(lease)
+        _cuda_stream.write_value32(
+            torch.cuda.current_stream(self.pool.device),
+            self.base_address + lease.ack_byte_offset + self.rank * WORD_BYTES, lease.generation)
+
+    def receive(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+        """Wait for ``lease``, copy it out, acknowledge it; returns the copy."""
+        self.wait(lease)
+        out = self.view(lease, dtype, shape).clone()
+        self.acknowledge(lease)
+        return out
