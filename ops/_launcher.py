@@ -12,8 +12,8 @@ only the key and the argument values, then calls ``launch`` directly.
 The key is at least as fine as Triton's own specialisation of the same call, which it must be
 (a launch of a kernel compiled for another specialisation corrupts memory):
 
-* a tensor: its dtype and whether ``data_ptr()`` is a multiple of 16 (Triton's pointer
-  alignment specialisation);
+* a tensor (or a :class:`Pointer`): its dtype and whether ``data_ptr()`` is a multiple of 16
+  (Triton's pointer alignment specialisation);
 * an ``int``: whether it equals 1, whether it is a multiple of 16, and its range (int32, int64,
   uint64), which decide Triton's ``constexpr``/``"D"`` specialisation and its type;
 * a ``bool``, a ``float``, ``None``: their type (Triton passes floats as fp32, bools as u1,
@@ -41,7 +41,7 @@ import torch
 from triton import knobs
 from triton.runtime.driver import driver
 
-__all__ = ["Launcher", "keyword_constexprs"]
+__all__ = ["Launcher", "Pointer", "keyword_constexprs"]
 
 _INT32_MIN, _INT32_END = -(1 << 31), 1 << 31
 _INT64_MIN, _INT64_END, _UINT64_END = -(1 << 63), 1 << 63, 1 << 64
@@ -57,6 +57,21 @@ def _int_key(value: int) -> tuple:
     else:
         width = 65 if 0 <= value < _UINT64_END else 0
     return value == 1, not value & 15, width
+
+
+class Pointer:
+    """A device address typed as ``dtype``: what a kernel takes as a pointer, without a tensor
+    view to carry the type (``Pointer(t.data_ptr(), torch.uint8)`` for ``t.view(torch.uint8)``
+    of a contiguous ``t``). Triton's own launch path takes it too (``data_ptr()``, ``dtype``)."""
+
+    __slots__ = ("address", "dtype")
+
+    def __init__(self, address: int, dtype: torch.dtype) -> None:
+        self.address = address
+        self.dtype = dtype
+
+    def data_ptr(self) -> int:
+        return self.address
 
 
 def arguments(args: Sequence[Any], constexpr: Sequence[bool]):
@@ -75,6 +90,9 @@ def arguments(args: Sequence[Any], constexpr: Sequence[bool]):
             value = pointer
         elif cls is int:
             key.append(_int_key(value))
+        elif cls is Pointer:
+            key.append((value.dtype, not value.address & 15))
+            value = value.address
         elif cls is float or cls is bool or value is None:
             key.append(cls)
         else:
