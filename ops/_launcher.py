@@ -18,7 +18,8 @@ The key is at least as fine as Triton's own specialisation of the same call, whi
   uint64), which decide Triton's ``constexpr``/``"D"`` specialisation and its type;
 * a ``bool``, a ``float``, ``None``: their type (Triton passes floats as fp32, bools as u1,
   ``None`` as a ``constexpr``);
-* a constexpr parameter: its value and type;
+* a constexpr parameter: its value (as Triton's own cache, which also takes ``True`` for
+  ``1``);
 * the options (``num_warps``, ``num_stages``, ``maxnreg``, ``launch_pdl``, ...), the current
   device, and the two global knobs Triton adds to the options (``debug``,
   ``instrumentation_mode``).
@@ -43,22 +44,6 @@ from triton.runtime.driver import driver
 
 __all__ = ["Launcher", "Pointer", "keyword_constexprs"]
 
-_INT32_MIN, _INT32_END = -(1 << 31), 1 << 31
-_INT64_MIN, _INT64_END, _UINT64_END = -(1 << 63), 1 << 63, 1 << 64
-
-
-def _int_key(value: int) -> tuple:
-    """What Triton's specialisation of an ``int`` argument depends on: whether it is 1, whether
-    a multiple of 16, and its type (int32, int64, uint64, or too large: Triton refuses it)."""
-    if _INT32_MIN <= value < _INT32_END:
-        width = 32
-    elif _INT64_MIN <= value < _INT64_END:
-        width = 64
-    else:
-        width = 65 if 0 <= value < _UINT64_END else 0
-    return value == 1, not value & 15, width
-
-
 class Pointer:
     """A device address typed as ``dtype``: what a kernel takes as a pointer, without a tensor
     view to carry the type (``Pointer(t.data_ptr(), torch.uint8)`` for ``t.view(torch.uint8)``
@@ -74,31 +59,45 @@ class Pointer:
         return self.address
 
 
-def arguments(args: Sequence[Any], constexpr: Sequence[bool]):
-    """``(key, values)`` of one call: the specialisation key of ``args`` (see the module
-    docstring) and the values the C launcher takes (pointers as integers); ``(None, None)``
-    when an argument is of a kind only ``JITFunction.run`` handles."""
-    key = []
-    values = []
-    for value, is_constexpr in zip(args, constexpr):
-        cls = value.__class__
-        if is_constexpr:
-            key.append((cls, value))
-        elif cls is torch.Tensor:
-            pointer = value.data_ptr()
-            key.append((value.dtype, not pointer & 15))
-            value = pointer
-        elif cls is int:
-            key.append(_int_key(value))
-        elif cls is Pointer:
-            key.append((value.dtype, not value.address & 15))
-            value = value.address
-        elif cls is float or cls is bool or value is None:
-            key.append(cls)
-        else:
-            return None, None
-        values.append(value)
-    return tuple(key), values
+# One parameter's part of the generated ``arguments`` function: its key ``k{i}`` and the value
+# ``v{i}`` the C launcher takes. An int's key holds what decides Triton's specialisation: whether
+# it is 1, whether a multiple of 16, and its range (int32, int64, uint64; Triton refuses the
+# rest).
+_RUNTIME_PARAMETER = """
+    c = a{i}.__class__
+    if c is Tensor:
+        v{i} = a{i}.data_ptr()
+        k{i} = (a{i}.dtype, not v{i} & 15)
+    elif c is int:
+        v{i} = a{i}
+        k{i} = (a{i} == 1, not a{i} & 15, -0x80000000 <= a{i} < 0x80000000,
+                -0x8000000000000000 <= a{i} < 0x8000000000000000,
+                0 <= a{i} < 0x10000000000000000)
+    elif c is Pointer:
+        v{i} = a{i}.address
+        k{i} = (a{i}.dtype, not v{i} & 15)
+    elif a{i} is None or c is float or c is bool:
+        v{i} = a{i}
+        k{i} = c
+    else:
+        return None, None"""
+
+
+def _arguments_function(constexpr: Sequence[bool]):
+    """``arguments(args) -> (key, values)`` for a kernel whose parameters are constexprs where
+    ``constexpr`` says: the specialisation key of a call (see the module docstring; a
+    constexpr's part is its value) and the values the C launcher takes (pointers as
+    integers), or ``(None, None)`` for an argument only ``JITFunction.run`` handles. Written
+    out parameter by parameter: no loop, no list."""
+    names = [f"a{i}" for i in range(len(constexpr))]
+    body = "".join(_RUNTIME_PARAMETER.format(i=i) for i, c in enumerate(constexpr) if not c)
+    key = ", ".join(f"a{i}" if c else f"k{i}" for i, c in enumerate(constexpr))
+    values = ", ".join(f"a{i}" if c else f"v{i}" for i, c in enumerate(constexpr))
+    source = (f"def arguments(args):\n    {', '.join(names)}, = args{body}\n"
+              f"    return ({key},), ({values},)\n")
+    namespace = {"Tensor": torch.Tensor, "Pointer": Pointer}
+    exec(source, namespace)  # noqa: S102 - generated from the parameter count only
+    return namespace["arguments"]
 
 
 class _Prepared:
@@ -133,13 +132,14 @@ class Launcher:
     def __init__(self, fn) -> None:
         self.fn = fn
         self.constexpr = tuple(p.is_constexpr for p in fn.params)
+        self.arguments = _arguments_function(self.constexpr)
         self.prepared: dict[tuple, _Prepared] = {}
         self._device = None
         self._stream = None
 
     def key(self, args: Sequence[Any], options: tuple) -> tuple | None:
         """The cache key of a call on the current device (tests compare it with Triton's)."""
-        key, _ = arguments(args, self.constexpr)
+        key, _ = self.arguments(args)
         if key is None:
             return None
         return (self._current_device(), options, knobs.runtime.debug,
@@ -162,13 +162,16 @@ class Launcher:
         if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls or \
                 self.fn.pre_run_hooks:
             return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
-        key, values = arguments(args, self.constexpr)
+        key, values = self.arguments(args)
         if key is None:
             return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
         device = self._current_device()
         full_key = (device, options, runtime.debug, knobs.compilation.instrumentation_mode,
                     key)
-        prepared = self.prepared.get(full_key)
+        try:
+            prepared = self.prepared.get(full_key)
+        except TypeError:  # an unhashable constexpr
+            return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
         if prepared is None:
             kernel = self.fn.run(*args, grid=grid, warmup=False, **dict(options))
             if hasattr(kernel, "result"):  # an asynchronous compile

@@ -22,7 +22,6 @@ from triton.compiler import make_backend
 from triton.runtime.driver import driver
 from triton.runtime.jit import create_function_from_signature
 
-from strictops.ops import _launcher
 from strictops.ops._launcher import Launcher
 
 
@@ -66,6 +65,12 @@ def _random_args(rng: random.Random, storage: torch.Tensor):
             rng.choice([True, False])]
 
 
+def _int_key(value: int):
+    """The key of an int argument (``n`` of the probe kernel)."""
+    launcher = Launcher(_probe_kernel)
+    return launcher.arguments([None, None, None, value, 5, 7, 0.5, True, 16, False])[0][3]
+
+
 def test_int_key_matches_triton_boundaries():
     """Every boundary of Triton's int specialisation (1, multiples of 16, the int32 / int64 /
     uint64 ranges) changes the key."""
@@ -74,12 +79,12 @@ def test_int_key_matches_triton_boundaries():
     seen = {}
     for value in BOUNDARY_INTS:
         triton_spec = native_specialize_impl(backend, value, False, True, True)
-        seen.setdefault(_launcher._int_key(value), set()).add(triton_spec)
+        seen.setdefault(_int_key(value), set()).add(triton_spec)
     assert all(len(specs) == 1 for specs in seen.values()), seen
     for value in REFUSED_INTS:
         with pytest.raises(OverflowError):
             native_specialize_impl(backend, value, False, True, True)
-        assert _launcher._int_key(value) not in seen
+        assert _int_key(value) not in seen
 
 
 def test_key_is_at_least_as_fine_as_triton_specialisation():
@@ -91,13 +96,13 @@ def test_key_is_at_least_as_fine_as_triton_specialisation():
     keys = set()
     for _ in range(3000):
         args = _random_args(rng, storage)
-        key, values = _launcher.arguments(args, launcher.constexpr)
+        key, values = launcher.arguments(args)
         assert key is not None
         _, specialization, _ = binder(*args)
         triton_of_key.setdefault(key, set()).add(str(specialization))
         keys.add(key)
         # The values passed: pointers as their addresses, everything else as given.
-        assert values == [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        assert values == tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
     assert all(len(specs) == 1 for specs in triton_of_key.values())
     assert len(keys) > 200  # the draws do cover many specialisations
 
@@ -107,7 +112,7 @@ def test_unsupported_arguments_have_no_key():
     storage = torch.zeros(64)
     args = _random_args(random.Random(1), storage.view(torch.uint8))
     for odd in (torch.nn.Parameter(storage), (1, 2), 1 + 2j, torch.float32):
-        assert _launcher.arguments([odd, *args[1:]], launcher.constexpr) == (None, None)
+        assert launcher.arguments([odd, *args[1:]]) == (None, None)
 
 
 class _RecordingLauncher(CudaLauncher):
