@@ -265,6 +265,20 @@ class CachedValidation:
         self.per_call = tuple(c for c in contract.checks if c.reads_values or c.reads_memory)
         self.passed: set = set()
         self.signature = _signature_function(names)
+        self.namespace = eval(f"lambda {', '.join(names)}: SimpleNamespace("  # noqa: S307
+                              f"{', '.join(f'{n}={n}' for n in names)})",
+                              {"SimpleNamespace": SimpleNamespace})
+
+    def _validate_per_call(self, args: tuple) -> None:
+        """The ``reads_values`` and ``reads_memory`` rows, as :meth:`Contract.validate` runs
+        them (the argument mapping for a message is built only when one fails)."""
+        namespace = self.namespace(*args)
+        for c in self.per_call:
+            if c.reads_values and not values_readable(args):
+                continue
+            ok = c.ok(namespace)
+            if ok is not True:
+                torch._check_with(c.error, ok, _lazy_message(c, dict(zip(self.names, args))))
 
     def __call__(self, *args: Any) -> None:
         try:
@@ -274,7 +288,7 @@ class CachedValidation:
             key, hit = None, False
         if hit:
             if self.per_call:
-                self.contract.validate_rows(self.per_call, dict(zip(self.names, args)))
+                self._validate_per_call(args)
             return
         self.contract.validate(**dict(zip(self.names, args)))
         if key is not None:

@@ -274,8 +274,9 @@ CHECKS = (
     *_buffer_rules("lse", torch.float32),
     Check(
         "buffers_alias",
-        lambda a: sym_all((_disjoint(a.out, a.max_logits), _disjoint(a.out, a.lse),
-                           _disjoint(a.max_logits, a.lse))),
+        lambda a: (a.max_logits is None and a.lse is None)  # every pair has a None
+        or sym_all((_disjoint(a.out, a.max_logits), _disjoint(a.out, a.lse),
+                    _disjoint(a.max_logits, a.lse))),
         lambda **_: "out, max_logits and lse must not alias each other",
         reads_memory=True,
     ),
@@ -285,7 +286,8 @@ CHECKS = (
     _on_q_device("topk_length_errors"),
     Check(
         "topk_length_errors_alias",
-        lambda a: sym_all(_disjoint(a.topk_length_errors, getattr(a, b)) for b in BUFFERS),
+        lambda a: a.topk_length_errors is None
+        or sym_all(_disjoint(a.topk_length_errors, getattr(a, b)) for b in BUFFERS),
         lambda **_: "topk_length_errors must not alias out, max_logits or lse",
         reads_memory=True,
     ),

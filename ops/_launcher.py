@@ -112,8 +112,12 @@ class _Prepared:
         # Kernels that need scratch memory get it from CudaLauncher.__call__, per call.
         self.scratch = bool(run.global_scratch_size or run.profile_scratch_size)
         self.launch = run if self.scratch else run.launch
-        self.head = ((kernel.function,) if self.scratch else
-                     (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None))
+        # Everything launch takes between the stream and the argument values: the launch
+        # metadata and the enter and exit hooks are None (no hook is installed).
+        self.head = ((kernel.function, kernel.packed_metadata, None, None, None)
+                     if self.scratch else
+                     (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                      kernel.packed_metadata, None, None, None))
         self.globals = tuple((name, value, namespace)
                              for (name, _), (value, namespace) in globals_used.items())
 
@@ -149,13 +153,16 @@ class Launcher:
         if self._device is None:
             active = driver.active
             self._device, self._stream = active.get_current_device, active.get_current_stream
+            if self._device is torch.cuda.current_device:  # the same, without its Python
+                self._device = torch._C._cuda_getDevice
         return self._device()
 
     def __call__(self, grid: Sequence[int], args: Sequence[Any], options: tuple = (),
                  device: int | None = None):
         """Launch on the current device, or on CUDA device ``device`` when given (made
         current for the launch if it is not)."""
-        if device is not None and device != self._current_device():
+        current = self._current_device()
+        if device is not None and device != current:
             with torch.cuda.device(device):
                 return self(grid, args, options)
         runtime = knobs.runtime
@@ -165,8 +172,7 @@ class Launcher:
         key, values = self.arguments(args)
         if key is None:
             return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
-        device = self._current_device()
-        full_key = (device, options, runtime.debug, knobs.compilation.instrumentation_mode,
+        full_key = (current, options, runtime.debug, knobs.compilation.instrumentation_mode,
                     key)
         try:
             prepared = self.prepared.get(full_key)
@@ -182,12 +188,12 @@ class Launcher:
             if namespace.get(name) != value:  # what JITFunction.run checks on every launch
                 raise RuntimeError(f"Global variable {name} has changed since we compiled "
                                    f"this kernel, from {value} to {namespace.get(name)}")
-        grid_1 = grid[1] if len(grid) > 1 else 1
-        grid_2 = grid[2] if len(grid) > 2 else 1
-        kernel = prepared.kernel
-        prepared.launch(grid[0], grid_1, grid_2, self._stream(device), *prepared.head,
-                        kernel.packed_metadata, None, None, None, *values)
-        return kernel
+        if len(grid) == 3:
+            grid_0, grid_1, grid_2 = grid
+        else:
+            grid_0, grid_1, grid_2 = grid[0], grid[1] if len(grid) > 1 else 1, 1
+        prepared.launch(grid_0, grid_1, grid_2, self._stream(current), *prepared.head, *values)
+        return prepared.kernel
 
 
 def keyword_constexprs(fn, args: Sequence[Any]) -> tuple[tuple, dict]:

@@ -384,17 +384,23 @@ def _launches(kernel, pool, src_bytes, src_nbytes, lease, state, max_inflight_sl
 # The eager publish of a lease given on the host (the pool's copy_tensor): the launches of
 # _launch, prepared once per specialisation by the cached launcher (strictops.ops._launcher).
 _LAUNCHER = Launcher(_publish_kernel)
+# Eagerly the host, not the GPU, bounds a publish up to here, and each launch costs it about
+# 13 us on the H200 machine (two launches: 39 us at 2 MiB): one launch up to 16 MiB, where
+# the copy itself takes about 8 us (docs/design/eager_host_cost.md); two above, as graphs.
+EAGER_TWO_LAUNCHES_ABOVE = 16 << 20
 
 
 def launch_eager(pool, src, state, max_inflight_slices, consumer_count, values) -> None:
     """``_launch(_publish_kernel, pool, src, state, state, ..., values=values)`` through the
-    cached launcher, on ``pool``'s device: the source is passed as a uint8 pointer, not a view.
-    For validated CUDA tensors only."""
+    cached launcher, on ``pool``'s device, in one launch up to ``EAGER_TWO_LAUNCHES_ABOVE``
+    bytes: the source is passed as a uint8 pointer, not a view. For validated CUDA tensors
+    only."""
     src_bytes = Pointer(src.data_ptr(), torch.uint8)
     device = pool.get_device()
-    for grid, args, options in _launches(_publish_kernel, pool, src_bytes,
-                                         src.numel() * src.element_size(), state, state,
-                                         max_inflight_slices, consumer_count, values):
+    nbytes = src.numel() * src.element_size()
+    for grid, args, options in _launches(_publish_kernel, pool, src_bytes, nbytes, state, state,
+                                         max_inflight_slices, consumer_count, values,
+                                         nbytes > EAGER_TWO_LAUNCHES_ABOVE):
         _LAUNCHER(grid, args, options, device)
 
 
