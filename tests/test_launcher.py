@@ -4,7 +4,8 @@ Two checks: its specialisation key is at least as fine as ``JITFunction``'s own 
 (two calls with one key never differ in Triton's), over many random argument sets; and, under
 a recording stand-in for the CUDA driver (the kernels are really compiled for sm_90), a cached
 launch passes the C launcher exactly what ``JITFunction.run`` passes, and a call of another
-specialisation compiles its own kernel.
+specialisation compiles its own kernel; likewise each op's eager launch (the Gluon sparse MLA
+kernel, the mamba scatter, the transport publish) against its ``kernel[grid]`` launch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from triton.compiler import make_backend
 from triton.runtime.driver import driver
 from triton.runtime.jit import create_function_from_signature
 
-from strictops.ops._launcher import Launcher
+from strictops.ops._launcher import Launcher, Pointer
 
 
 @triton.jit(do_not_specialize=["n_plain"], do_not_specialize_on_alignment=["n_unaligned"])
@@ -54,6 +55,8 @@ def _random_args(rng: random.Random, storage: torch.Tensor):
     def pointer():
         dtype = rng.choice([torch.float32, torch.float16, torch.int32, torch.uint8])
         offset = rng.choice([0, 0, 1, 2, 4, 8, 16, 3])  # bytes
+        if rng.random() < 0.25:  # an address typed as dtype, without a view
+            return Pointer(storage.data_ptr() + offset, dtype)
         return storage[offset:offset + 64].view(dtype) if offset % 4 == 0 or dtype == \
             torch.uint8 else storage[offset:offset + 64]
 
@@ -102,7 +105,8 @@ def test_key_is_at_least_as_fine_as_triton_specialisation():
         triton_of_key.setdefault(key, set()).add(str(specialization))
         keys.add(key)
         # The values passed: pointers as their addresses, everything else as given.
-        assert values == tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+        assert values == tuple(a.data_ptr() if isinstance(a, (torch.Tensor, Pointer)) else a
+                               for a in args)
     assert all(len(specs) == 1 for specs in triton_of_key.values())
     assert len(keys) > 200  # the draws do cover many specialisations
 
@@ -257,3 +261,67 @@ _SCALE = tl.constexpr(2)
 def _global_kernel(x_ptr):
     offs = tl.arange(0, 16)
     tl.store(x_ptr + offs, tl.load(x_ptr + offs) * _SCALE)
+
+
+# The ops' eager launches against their JIT launches, under the recording driver: each op's
+# kernel is compiled for sm_90 here (the Gluon one included), launched through the op's own
+# eager code with a fresh launcher, and the C launcher must get what JITFunction.run gives it.
+
+
+def _eager_and_jit(launch_eager, launch_jit):
+    launch_eager()  # first of its key: JITFunction.run
+    _RecordingLauncher.calls.clear()
+    launch_eager()
+    eager = list(_RecordingLauncher.calls)
+    _RecordingLauncher.calls.clear()
+    launch_jit()
+    jit = list(_RecordingLauncher.calls)
+    assert len(eager) == len(jit) > 0
+    for cached, reference in zip(eager, jit):
+        assert cached[:10] == reference[:10] and cached[10:13] == (None, None, None)
+        assert cached[13:] == _as_launched(reference[13:])
+
+
+def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch):
+    from strictops.ops import _sparse_mla_gluon as ws
+    from strictops.ops import sparse_mla_prefill as sparse
+    if not ws.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(ws, "_LAUNCHER", Launcher(ws.sparse_mla_ws_kernel))
+    q = torch.zeros(2, 64, 576, dtype=torch.float8_e4m3fn)
+    kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
+    indices = torch.zeros(2, 1, 128, dtype=torch.int32)
+    lengths, scale = torch.zeros(2, dtype=torch.int32), torch.ones(1)
+    out, stats = torch.zeros(2, 64, 512, dtype=torch.bfloat16), torch.zeros(2, 2, 64)
+    call = (q, kv, indices, 0.04, scale, scale, None, lengths, out, stats[0], stats[1], None)
+    grid, runtime = sparse._runtime_arguments(*call)
+    _eager_and_jit(lambda: ws.launch_eager(grid, runtime, 576, True, False, False, 0),
+                   lambda: ws.launch(*call))
+
+
+def test_mamba_scatter_eager_launch(recording_driver, monkeypatch):
+    from strictops.ops import mamba_state_scatter as mss
+    monkeypatch.setattr(mss, "_LAUNCHER", Launcher(mss._scatter_kernel))
+    dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    call = (dst, src, slots, steps, None)
+    grid, args = mss._arguments(*call)
+    _eager_and_jit(lambda: mss._LAUNCHER(grid, args, mss._OPTIONS, 0),
+                   lambda: mss._launch(mss._scatter_kernel, *call))
+
+
+@pytest.mark.parametrize("nbytes", [1000, 3 << 20])
+def test_transport_eager_launch(recording_driver, monkeypatch, nbytes):
+    """One launch up to EAGER_TWO_LAUNCHES_ABOVE (the op's own choice would be two at 3 MiB)."""
+    from strictops.meta import transport_pool as contract
+    from strictops.ops import transport_pool as tp
+    monkeypatch.setattr(tp, "_LAUNCHER", Launcher(tp._publish_kernel))
+    monkeypatch.setattr(tp, "_has_pdl", lambda index: True)
+    start = contract.data_start(4, 2)
+    pool = torch.zeros(start + nbytes + 256, dtype=torch.uint8)
+    src, state = torch.zeros(nbytes, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.int32)
+    lease = contract.Lease(start, start + nbytes, nbytes, 1, 7, 12, 16)
+    row = Pointer(state.data_ptr() + 8, torch.int32)
+    _eager_and_jit(lambda: tp.launch_eager(pool, src, row, 4, 2, lease),
+                   lambda: tp._launch(tp._publish_kernel, pool, src, state[1], state[1], 4, 2,
+                                      values=lease, two_launches=False))
