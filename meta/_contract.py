@@ -301,9 +301,9 @@ def _signature_function(names: tuple[str, ...]) -> Callable[..., tuple]:
     """A function of the arguments ``names`` that returns their metadata signature (see
     :class:`CachedValidation`), written out argument by argument: one call, no loop."""
     parts = ", ".join(
-        f"(({n}.__class__, {n}.layout, {n}.shape, {n}.stride(), {n}.storage_offset(), "
-        f"{n}.dtype, {n}.device) if isinstance({n}, Tensor) else ({n}.__class__, {n}))"
-        for n in names)
+        f"(None if {n} is None else ({n}.__class__, {n}.layout, {n}.shape, {n}.stride(), "
+        f"{n}.storage_offset(), {n}.dtype, {n}.device) if isinstance({n}, Tensor) "
+        f"else ({n}.__class__, {n}))" for n in names)
     source = f"def signature({', '.join(names)}):\n    return ({parts},)\n"
     namespace = {"Tensor": torch.Tensor}
     exec(source, namespace)  # noqa: S102 - the names are the op's own argument names

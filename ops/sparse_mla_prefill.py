@@ -427,7 +427,8 @@ def sparse_mla_q8kv8_prefill_fwd(
     across calls): the eager check is then skipped, and the count accumulates on the device
     until the caller reads (``.item()``, off the hot path) or zeroes it.
 
-    In plain eager mode the call skips the dispatcher (see ``strictops.ops._dispatch``);
+    In plain eager mode the call skips the dispatcher (see ``strictops.ops._dispatch``), and
+    a ``max_logits`` and ``lse`` it allocates are the two halves of one allocation;
     ``torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd`` is the same op through it and returns
     the list of outputs it allocated.
     """

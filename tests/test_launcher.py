@@ -23,6 +23,7 @@ from triton.compiler import make_backend
 from triton.runtime.driver import driver
 from triton.runtime.jit import create_function_from_signature
 
+from strictops.meta.testing import gpu
 from strictops.ops._launcher import Launcher, Pointer
 
 
@@ -325,3 +326,69 @@ def test_transport_eager_launch(recording_driver, monkeypatch, nbytes):
     _eager_and_jit(lambda: tp.launch_eager(pool, src, row, 4, 2, lease),
                    lambda: tp._launch(tp._publish_kernel, pool, src, state[1], state[1], 4, 2,
                                       values=lease, two_launches=False))
+
+
+# On a GPU: eager calls whose pointers are not 16-byte aligned get a kernel of their own and
+# the right result; the eager path and the dispatcher's give the same bits.
+
+
+@gpu
+def test_gpu_mamba_scatter_misaligned_dst_view():
+    from strictops.ops import fused_mamba_state_scatter_with_mask
+    from strictops.ops import mamba_state_scatter as mss
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (3, 9, 4, 8)
+    src = torch.randn(3, 5, 2, 4, 8, device="cuda", generator=gen)
+    slots = torch.tensor([4, 0, 7, 4], dtype=torch.int32, device="cuda")
+    steps = torch.tensor([1, 0, -1, 0], dtype=torch.int64, device="cuda")
+    for offset in (0, 1, 0, 3):  # elements (4 bytes): aligned, not, aligned again, not
+        base = torch.randn(offset + 3 * 9 * 4 * 8, device="cuda", generator=gen)
+        dst = base[offset:].view(shape)
+        expected = mss.reference(dst, src, slots, steps)
+        fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+        assert torch.equal(dst, expected), offset
+    aligned = {key[-1][0][1] for key in mss._LAUNCHER.prepared}  # dst's alignment bit
+    assert {True, False} <= aligned
+
+
+@gpu
+def test_gpu_copy_tensor_misaligned_source():
+    from strictops.meta.transport_pool import data_start
+    from strictops.ops import TransportPool
+    pool = TransportPool(data_start(4, 1) + (4 << 20), device="cuda:0", max_inflight_slices=4,
+                         consumer_count=1, recycle_interval=None, name="launcher-test")
+    try:
+        base = torch.randint(0, 256, ((2 << 20) + 7,), dtype=torch.uint8, device="cuda")
+        for offset, nbytes in ((0, 4096), (1, 4096), (3, 1000), (5, 2 << 20)):
+            src = base[offset:offset + nbytes]
+            lease, view = pool.copy_tensor(src)
+            torch.cuda.synchronize()
+            assert torch.equal(view, src), (offset, nbytes)
+            ready = pool.tensor[lease.ready_byte_offset:lease.ready_byte_offset + 4]
+            assert int(ready.view(torch.int32)) == lease.generation
+            pool.release(lease)
+        assert pool.error_count() == 0
+    finally:
+        pool.shutdown()
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["auto", "triton"])
+def test_gpu_sparse_mla_eager_equals_dispatcher(monkeypatch, kernel):
+    from strictops.meta import sparse_mla_prefill as smp
+    from strictops.ops import sparse_mla_prefill as sparse
+    monkeypatch.setattr(sparse, "KERNEL", kernel)
+    dims = smp.Dims(s_q=5, s_kv=700, h_q=128, d_qk=576, topk=256, with_attn_sink=True,
+                    device="cuda")
+    args = sparse.random_inputs(dims, torch.Generator(device="cuda").manual_seed(1))
+    args.pop("topk_length_errors")
+    for name in smp.BUFFERS:
+        args.pop(name)
+    eager = sparse.sparse_mla_q8kv8_prefill_fwd(**args)
+    eager_again = sparse.sparse_mla_q8kv8_prefill_fwd(**args)  # the cached launch
+    through = torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(
+        *(args.get(n) for n in smp.ARGUMENTS))
+    for a, b, c in zip(eager, eager_again, through):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    max_logits, lse = eager[1], eager[2]  # the two halves of one allocation
+    assert max_logits.untyped_storage().data_ptr() == lse.untyped_storage().data_ptr()
