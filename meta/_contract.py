@@ -227,17 +227,17 @@ def values_readable(values: Iterable[Any]) -> bool:
     """Whether a check may read the values of the tensors among ``values``: in plain eager
     mode (not while ``torch.compile``/``torch.export`` trace, under no dispatch or function
     mode such as ``FakeTensorMode``, no functorch transform), on plain ``torch.Tensor``s only,
-    and not while a CUDA graph is being captured on the current stream with a CUDA tensor
-    among them (a read would sync the host, which capture forbids)."""
+    and not while the current stream captures a CUDA graph (a read of a CUDA tensor would sync
+    the host, which capture forbids; no capture runs before CUDA is initialised)."""
     if (torch.compiler.is_compiling()
             or torch._C._len_torch_dispatch_stack()
             or torch._C._len_torch_function_stack()
             or torch._C._are_functorch_transforms_active()):
         return False
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    if any(type(t) is not torch.Tensor for t in tensors):
-        return False
-    return not (any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing())
+    for v in values:
+        if type(v) is not torch.Tensor and isinstance(v, torch.Tensor):
+            return False
+    return not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
 
 
 class CachedValidation:

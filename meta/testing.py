@@ -142,6 +142,9 @@ __all__ = [
 SPARSE_MLA_SECOND_GPU_RULES = frozenset(
     r for r in smp.CONTRACT.rules if r.endswith("_device"))
 CAN_NAME_SECOND_GPU = not HAS_CUDA or HAS_TWO_GPUS
+# Rules that read tensor values: they run on real tensors in eager mode only, never on fake
+# ones, so a fake or traced near miss of them raises nothing.
+SPARSE_MLA_VALUE_RULES = frozenset(c.rule for c in smp.CONTRACT.checks if c.reads_values)
 
 
 @st.composite
@@ -164,11 +167,13 @@ def sparse_mla_dims(draw, device: str = "cuda:0", small: bool = False) -> smp.Di
 
 
 @st.composite
-def sparse_mla_near_miss(draw, device: str = "cuda:0"):
+def sparse_mla_near_miss(draw, device: str = "cuda:0", values: bool = False):
     """(rule, spec) where ``spec`` breaks exactly ``rule`` of the contract; rules that need a
-    second GPU only where one can be named."""
+    second GPU only where one can be named, rules that read values only with ``values`` (for
+    real tensors in eager mode)."""
     rules = [r for r in smp.CONTRACT.rules
-             if CAN_NAME_SECOND_GPU or r not in SPARSE_MLA_SECOND_GPU_RULES]
+             if (CAN_NAME_SECOND_GPU or r not in SPARSE_MLA_SECOND_GPU_RULES)
+             and (values or r not in SPARSE_MLA_VALUE_RULES)]
     rule = draw(st.sampled_from(rules))
     return rule, smp.NEAR_MISSES[rule](smp.valid_spec(draw(sparse_mla_dims(device=device))))
 
@@ -192,6 +197,7 @@ def build_symbolic(spec: dict, mode: FakeTensorMode) -> dict:
 __all__ += [
     "CAN_NAME_SECOND_GPU",
     "SPARSE_MLA_SECOND_GPU_RULES",
+    "SPARSE_MLA_VALUE_RULES",
     "build_symbolic",
     "sparse_mla_dims",
     "sparse_mla_near_miss",

@@ -36,10 +36,10 @@ A row with no valid index gives ``out = 0`` (whatever ``attn_sink``, ``+inf`` in
 ``max_logits = -inf``, ``lse = +inf``. A sink of ``+inf`` gives ``out = 0``, one of ``-inf``
 the output without a sink. Invalid indices and rows past ``topk_length`` are never read.
 
-``topk_length`` values outside ``[0, topk]`` (a value check, not a contract rule): the kernel
-clamps them to that range, so any value is memory-safe. Besides, an eager call outside
-``torch.compile`` and CUDA-graph capture reads them (one host sync) and raises the original
-``ValueError``; a caller that passes ``topk_length_errors`` (``[1]`` int32 on ``q``'s device)
+``topk_length`` values outside ``[0, topk]``: the kernel clamps them to that range, so any
+value is memory-safe. Besides, an eager call outside ``torch.compile`` and CUDA-graph capture
+reads them (one host sync) and raises the original ``ValueError``, in the original's order
+(the contract's ``topk_length_values`` rule, right after ``topk_length``'s own); a caller that passes ``topk_length_errors`` (``[1]`` int32 on ``q``'s device)
 instead gets, with no host sync in any mode, the number of tokens whose value was out of range
 added to it on the device, to read whenever convenient.
 """
@@ -65,7 +65,6 @@ from ._launcher import Launcher
 
 __all__ = [
     "sparse_mla_q8kv8_prefill_fwd",
-    "check_topk_length_values",
     "reference",
     "relative_l2",
     "compare_to_reference",
@@ -240,27 +239,6 @@ def _allocate(q, d_v, out, max_logits, lse):
     return out, max_logits, lse, fresh
 
 
-def check_topk_length_values(topk_length, topk, topk_length_errors=None) -> None:
-    """The eager ``topk_length`` value check: raise the original ``ValueError`` if a value lies
-    outside ``[0, topk]``.
-
-    It reads the values (a host sync), so it runs only where that is allowed and wanted: plain
-    eager mode on plain tensors (not while ``torch.compile``/``torch.export`` trace, not under
-    fake or other dispatch modes), outside CUDA-graph capture, and only when the caller passed
-    no ``topk_length_errors`` counter (which asks for the device-side count instead).
-    Everywhere else it returns at once; the kernel clamps the values either way. (A graph
-    compiled with ``backend="eager"`` keeps the op as a call, which then runs as in eager
-    mode; Inductor and AOT backends trace the op's body, so no check is left at run time.)
-    """
-    if topk_length is None or topk_length_errors is not None or not can_skip_dispatcher(
-            topk_length):
-        return
-    if topk_length.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    if bool(((topk_length < 0) | (topk_length > topk)).any()):
-        raise ValueError(f"topk_length values must satisfy 0 <= topk_length <= topk ({topk})")
-
-
 def warp_specialized(q: torch.Tensor, real: bool = False) -> bool:
     """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see
     ``KERNEL``): a trace-time constant of the device, never of a size. ``real``: ``q`` is a
@@ -279,11 +257,10 @@ def _is_sm90(device_index: int) -> bool:
 
 def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
              topk_length, out, max_logits, lse, topk_length_errors) -> list[torch.Tensor]:
-    """Validate, check values (eager only), allocate what is missing, launch; return the
-    outputs allocated here."""
+    """Validate (the ``topk_length`` values too, where the contract may read them), allocate
+    what is missing, launch; return the outputs allocated here."""
     contract.validate(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length,
                       out, max_logits, lse, topk_length_errors)
-    check_topk_length_values(topk_length, indices.shape[2], topk_length_errors)
     out, max_logits, lse, fresh = _allocate(q, d_v, out, max_logits, lse)
     launch_args = (q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
                    max_logits, lse, topk_length_errors)
@@ -310,7 +287,6 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
     allocation."""
     _VALIDATION(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out,
                 max_logits, lse, topk_length_errors)
-    check_topk_length_values(topk_length, indices.shape[2], topk_length_errors)
     s_q, h_q, d_qk = q.shape
     if max_logits is None and lse is None:
         max_logits, lse = torch.empty((2, s_q, h_q), dtype=torch.float32,
@@ -421,8 +397,9 @@ def sparse_mla_q8kv8_prefill_fwd(
 
     ``topk_length`` values outside ``[0, topk]`` are clamped into it by the kernel. In plain
     eager mode outside CUDA-graph capture the call also reads them first (a host sync) and
-    raises ``ValueError("topk_length values must satisfy 0 <= topk_length <= topk (...)")``,
-    as the original did. To learn about bad values without a host sync, in any mode, pass
+    raises ``ValueError("topk_length values must satisfy 0 <= topk_length <= topk (...)")``
+    where the original did: after ``topk_length``'s own checks, before those of ``d_v``,
+    ``attn_sink``, the scales and the buffers. To learn about bad values without a host sync, in any mode, pass
     ``topk_length_errors`` (e.g. ``torch.zeros(1, dtype=torch.int32, device=q.device)``, kept
     across calls): the eager check is then skipped, and the count accumulates on the device
     until the caller reads (``.item()``, off the hot path) or zeroes it.

@@ -130,7 +130,10 @@ def test_near_misses_after_a_cached_call_raise_their_rule(stem, data):
     valid = _full_spec(module, dims)
     _, cached = _cached(module)
     with fake_mode():
-        for rule in module.CONTRACT.rules:
+        for check in module.CONTRACT.checks:
+            rule = check.rule
+            if check.reads_values:  # never read on fake tensors: test_value_and_memory_rows...
+                continue
             if module is smp and rule in SPARSE_MLA_SECOND_GPU_RULES and not CAN_NAME_SECOND_GPU:
                 continue
             cached(**build(valid))

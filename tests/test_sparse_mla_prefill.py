@@ -3,17 +3,20 @@
 CPU (CI): every rule's message on fake CUDA tensors, pinned with expecttest; near misses drawn
 from the contract raise the same error on the eager path (concrete sizes) and the fake path
 (symbolic sizes); the aliasing rule on shared, overlapping and disjoint buffers; the
-``topk_length`` value check (eager message, and no value read where it must not sync); the
-kernel under the Triton interpreter against the float64 reference on small shapes (both head
-dims, invalid indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row
-that must not be read, out-of-range lengths counted); the Gluon kernel built for sm_90 with
-wgmma for both products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
-tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
-the warp-specialised Gluon one that sm_90 runs by default).
+``topk_length`` value rule on real CPU tensors (its message, its place in the original's order,
+and no value read where it must not sync); the reference and the kernel under the Triton
+interpreter with sinks of +-inf and empty tokens (no NaN); the kernel against the float64
+reference on small shapes (both head dims, invalid indices, empty rows, partial
+``topk_length``, ``attn_sink``, no load of a row that must not be read, out-of-range lengths
+counted); the Gluon kernel built for sm_90 with wgmma for both products; the kernel choice by
+device capability. GPU (``-m gpu``): the same on real CUDA tensors at moderate shapes, fresh
+random inputs every run, for both kernels (the Triton one and the warp-specialised Gluon one
+that sm_90 runs by default), and the value rule's order through the public op.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import secrets
 import unittest
@@ -27,6 +30,7 @@ from hypothesis import strategies as st
 from triton.runtime import interpreter
 
 from strictops.meta import sparse_mla_prefill as contract
+from strictops.meta._contract import Contract
 from strictops.meta._specs import TensorSpec
 from strictops.meta.testing import (
     CAN_NAME_SECOND_GPU,
@@ -48,6 +52,12 @@ SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Sizes for the pinned messages: distinct, so a message that shows the wrong size shows it.
 DIMS = contract.Dims(s_q=3, s_kv=200, h_q=128, d_qk=576, topk=256)
 SECOND_GPU = unittest.skipIf(not CAN_NAME_SECOND_GPU, "a real single-GPU machine has no cuda:1")
+# The contract's rows but those that need CUDA tensors, in order: on real CPU tensors, whose
+# values can be read, they show what an eager call checks and in which order, the value rule
+# included (which never runs on fake tensors).
+CPU_CONTRACT = Contract(op=contract.CONTRACT.op, stem=contract.CONTRACT.stem,
+                        checks=tuple(c for c in contract.CHECKS if not c.rule.endswith("_cuda")))
+CPU_DIMS = dataclasses.replace(DIMS, device="cpu")
 
 
 # The message each rule's near miss raises on fake tensors.
@@ -248,8 +258,9 @@ class TestMessages(expecttest.TestCase):
         assert_every_rule_pinned(self, contract)  # near misses: tests/test_registry.py
 
     def test_topk_length_values(self):
-        bad = torch.tensor([0, 257, 3], dtype=torch.int32)
-        err = raised(op.check_topk_length_values, topk_length=bad, topk=256)
+        # Eager only (it reads values): real CPU tensors through the contract's CPU rows.
+        spec = contract.NEAR_MISSES["topk_length_values"](contract.valid_spec(CPU_DIMS))
+        err = raised(CPU_CONTRACT.validate, **build(spec))
         self.assertIs(type(err), ValueError)
         self.assertExpectedInline(str(err), """topk_length values must satisfy 0 <= topk_length <= topk (256)""")
 
@@ -336,26 +347,67 @@ def test_empty_buffers_never_alias():
 # The topk_length value check
 
 
-def test_in_range_topk_lengths_pass_the_eager_check():
-    op.check_topk_length_values(torch.tensor([0, 256, 7], dtype=torch.int32), 256)
+@pytest.mark.parametrize("lengths, refused", [([0, 256, 7], False), ([0, 257, 3], True),
+                                             ([5, -1, 0], True)])
+def test_topk_length_values_on_real_tensors(lengths, refused):
+    args = build(contract.valid_spec(dataclasses.replace(CPU_DIMS, with_topk_length=True)))
+    args["topk_length"] = torch.tensor(lengths, dtype=torch.int32)
+    if not refused:
+        CPU_CONTRACT.validate(**args)
+        return
+    err = raised(CPU_CONTRACT.validate, **args)
+    assert (type(err), str(err)) == CPU_CONTRACT.expected_error("topk_length_values", **args)
+
+
+_RULES = CPU_CONTRACT.rules
+# Later rules whose near miss passes a counter or drops topk_length: no values are read then.
+_VALUES_NOT_READ = ("attn_sink_needs_topk_length", "topk_length_errors_shape_dtype",
+                    "topk_length_errors_alias")
+
+
+@pytest.mark.parametrize("other", [r for r in _RULES
+                                   if r != "topk_length_values" and not r.endswith("_device")])
+def test_topk_length_values_are_checked_in_the_originals_place(other):
+    """Out-of-range lengths and one other broken rule, on real CPU tensors: an eager call
+    reports the rule the original checks first. A rule before the value rule (``topk_length``'s
+    own checks and all before them) wins over it; the value rule wins over every rule after it
+    (``d_v``, ``attn_sink``, the scales, the buffers), but where no value is read."""
+    bad_lengths = contract.NEAR_MISSES["topk_length_values"](contract.valid_spec(CPU_DIMS))
+    args = build(contract.NEAR_MISSES[other](bad_lengths))
+    first = _RULES.index(other) < _RULES.index("topk_length_values")
+    expected = other if first or other in _VALUES_NOT_READ else "topk_length_values"
+    err = raised(CPU_CONTRACT.validate, **args)
+    assert (type(err), str(err)) == CPU_CONTRACT.expected_error(expected, **args)
+    assert CPU_CONTRACT.broken_rule(**args) == expected
+    if args["topk_length"] is not None:  # ``other`` is broken in this call
+        args["topk_length"].zero_()  # in place: its strides may be what ``other`` is about
+        assert CPU_CONTRACT.broken_rule(**args) == other
+
+
+def _meta_call(**changes) -> dict:
+    """A valid call with ``topk_length`` on meta tensors, whose values cannot be read."""
+    spec = contract.valid_spec(dataclasses.replace(DIMS, device="meta", with_topk_length=True))
+    return {**build(spec), **changes}
 
 
 def test_meta_values_cannot_be_read():
-    """The probe the next test relies on: any read of a meta tensor's values raises."""
+    """The probe the next test relies on: in plain eager mode the value rule reads the
+    values, and reading a meta tensor's raises."""
     with pytest.raises((NotImplementedError, RuntimeError)):
-        op.check_topk_length_values(torch.zeros(3, dtype=torch.int32, device="meta"), 256)
+        CPU_CONTRACT.validate(**_meta_call())
 
 
-def test_value_check_never_reads_values_where_it_must_not_sync(monkeypatch):
-    """With a counter, while compiling and on fake tensors the check returns without reading
-    the values (a meta tensor's values cannot be read), so it cannot sync the host there."""
-    unreadable = torch.zeros(3, dtype=torch.int32, device="meta")
-    counter = torch.zeros(1, dtype=torch.int32, device="meta")
-    op.check_topk_length_values(unreadable, 256, topk_length_errors=counter)
+def test_value_rule_never_reads_values_where_it_must_not_sync(monkeypatch):
+    """With a counter, on fake tensors and while compiling, the contract passes without
+    reading the values (a meta tensor's cannot be read, a fake tensor's would be data
+    dependent), so it cannot sync the host there."""
+    CPU_CONTRACT.validate(**_meta_call(
+        topk_length_errors=torch.zeros(1, dtype=torch.int32, device="meta")))
     with fake_mode():
-        op.check_topk_length_values(torch.empty(3, dtype=torch.int32, device="cuda:0"), 256)
+        spec = contract.NEAR_MISSES["topk_length_values"](contract.valid_spec(DIMS))
+        contract.validate(**build(spec))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    op.check_topk_length_values(unreadable, 256)
+    CPU_CONTRACT.validate(**_meta_call())
 
 
 # --------------------------------------------------------------------------------------------
@@ -671,7 +723,7 @@ def test_gpu_functional_buffer_and_dispatcher_calls_agree_bit_for_bit():
 
 @gpu
 @settings(SETTINGS, max_examples=40)
-@given(case=sparse_mla_near_miss(device="cuda:0"))
+@given(case=sparse_mla_near_miss(device="cuda:0", values=True))
 def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
     rule, spec = case
     args = {k: (v.empty() if isinstance(v, TensorSpec) else v) for k, v in spec.items()}
@@ -681,6 +733,21 @@ def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
     err = raised(sparse_mla_q8kv8_prefill_fwd, **args)
     assert (type(err), str(err)) == want
     assert all(torch.equal(args[k], v) for k, v in before.items())
+
+
+@gpu
+@pytest.mark.parametrize("other", ["d_v", "attn_sink_shape_dtype", "q_scale_dtype",
+                                   "kv_scale_scalar", "out_dtype", "lse_contiguous",
+                                   "buffers_alias"])
+def test_gpu_topk_length_values_are_checked_before_later_rules(other):
+    """Out-of-range lengths and a later broken rule, real CUDA tensors: the public function
+    and the op through the dispatcher raise the value error, as the original did."""
+    spec = contract.valid_spec(dataclasses.replace(DIMS, device="cuda:0"))
+    args = build(contract.NEAR_MISSES[other](contract.NEAR_MISSES["topk_length_values"](spec)))
+    want = contract.CONTRACT.expected_error("topk_length_values", **args)
+    for fn in (sparse_mla_q8kv8_prefill_fwd, torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd):
+        err = raised(fn, **args)
+        assert (type(err), str(err)) == want, fn
 
 
 @gpu
