@@ -98,8 +98,11 @@ def test_valid_calls_pass_and_trace_as_one_graph(op):
 
 @pytest.mark.parametrize("op, rule", VALUE_RULES)
 def test_value_rules_are_drawn_on_request(op, rule):
+    # One rule among dozens (some sixty for sparse MLA), drawn unevenly: 100 examples
+    # missed it in most runs, 2000 never did; derandomized, so a miss is no flake but a finding.
     near_miss = strategies.calls(op, valid=False, values=True)
-    call = find(near_miss, lambda c: c.rule == rule, settings=settings(SETTINGS, database=None))
+    call = find(near_miss, lambda c: c.rule == rule,
+                settings=settings(SETTINGS, database=None, derandomize=True, max_examples=2000))
     assert call.eager_only
 
 

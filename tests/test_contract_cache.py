@@ -5,6 +5,7 @@ the same error type and message, or none. The calls tried differ from the cached
 piece of metadata at a time (each tensor's shape, strides, dtype, device, storage offset and
 None-ness, each scalar's value and type), or break one rule at a time (the contracts' near
 misses). Rows that read more than metadata (tensor values, memory overlap) run on every call.
+The valid calls are drawn from every public op's strategies (``strictops.meta.strategies``).
 """
 
 from __future__ import annotations
@@ -18,21 +19,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from strictops.meta import mamba_state_scatter as mss
 from strictops.meta import sparse_mla_prefill as smp
-from strictops.meta import transport_pool as tp
+from strictops.meta import strategies
+from strictops.meta._calls import Call
 from strictops.meta._contract import CachedValidation, Check, Contract
-from strictops.meta._specs import TensorSpec, build
-from strictops.meta.testing import (
-    CAN_NAME_SECOND_GPU,
-    SPARSE_MLA_SECOND_GPU_RULES,
-    fake_mode,
-    mamba_dims,
-    sparse_mla_dims,
-    transport_dims,
-)
+from strictops.meta._specs import TensorSpec, build, buildable_here
+from strictops.meta.testing import CAN_NAME_SECOND_GPU, fake_mode
 
-CONTRACTS = {"mamba_state_scatter": (mss, mamba_dims),
-             "sparse_mla_prefill": (smp, sparse_mla_dims),
-             "transport_pool": (tp, transport_dims)}
+SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 OTHER_DTYPES = (torch.float32, torch.int32, torch.int64, torch.bfloat16, torch.uint8,
                 torch.float8_e4m3fn)
 
@@ -96,17 +89,21 @@ def _cached(module):
     return validation, lambda **args: validation(*(args[n] for n in module.ARGUMENTS))
 
 
-def _full_spec(module, dims) -> dict:
-    spec = module.valid_spec(dims)
-    return {n: spec.get(n, tp.OP_NAME if n == "name" else None) for n in module.ARGUMENTS}
+def _full_spec(call: Call) -> dict:
+    """Every argument of the contract's validation (``ARGUMENTS``): the call's own, ``None``
+    for an optional one it leaves out, and the op's name for ``name``."""
+    module = call.contract_module
+    return {n: call.spec.get(n, module.OP_NAME if n == "name" else None)
+            for n in module.ARGUMENTS}
 
 
-@pytest.mark.parametrize("stem", sorted(CONTRACTS))
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("op", strategies.OPS)
+@SETTINGS
 @given(data=st.data())
-def test_single_metadata_changes_get_the_full_verdict(stem, data):
-    module, dims_strategy = CONTRACTS[stem]
-    valid = _full_spec(module, data.draw(dims_strategy()))
+def test_single_metadata_changes_get_the_full_verdict(op, data):
+    call = data.draw(strategies.calls(op))
+    module = call.contract_module
+    valid = _full_spec(call)
     validation, cached = _cached(module)
     failures = 0
     with fake_mode():
@@ -121,32 +118,34 @@ def test_single_metadata_changes_get_the_full_verdict(stem, data):
     assert failures > 0
 
 
-@pytest.mark.parametrize("stem", sorted(CONTRACTS))
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("op", strategies.OPS)
+@SETTINGS
 @given(data=st.data())
-def test_near_misses_after_a_cached_call_raise_their_rule(stem, data):
-    module, dims_strategy = CONTRACTS[stem]
-    dims = data.draw(dims_strategy())
-    valid = _full_spec(module, dims)
+def test_near_misses_after_a_cached_call_raise_their_rule(op, data):
+    call = data.draw(strategies.calls(op))
+    module = call.contract_module
+    valid = _full_spec(call)
     _, cached = _cached(module)
+    tried = 0
     with fake_mode():
         for check in module.CONTRACT.checks:
-            rule = check.rule
             if check.reads_values:  # never read on fake tensors: test_value_and_memory_rows...
                 continue
-            if module is smp and rule in SPARSE_MLA_SECOND_GPU_RULES and not CAN_NAME_SECOND_GPU:
+            bad = call.near_miss(check.rule)
+            if not buildable_here(bad.spec):  # a second GPU this machine lacks
                 continue
             cached(**build(valid))
-            spec = module.NEAR_MISSES[rule](module.valid_spec(dims))
-            args = build({n: spec.get(n, valid[n]) for n in module.ARGUMENTS})
-            assert _outcome(cached, args) == module.CONTRACT.expected_error(rule, **args)
+            args = build({n: bad.spec.get(n, valid[n]) for n in module.ARGUMENTS})
+            assert _outcome(cached, args) == module.CONTRACT.expected_error(check.rule, **args)
+            tried += 1
+    assert tried > 0
 
 
 def test_a_hit_skips_the_metadata_rows():
     """A cached signature does not run the contract again (what makes it cheap); a rebuilt
     call with equal metadata is a hit."""
     validation, cached = _cached(mss)
-    valid = _full_spec(mss, mss.Dims(2, 3, 4, 5, (6,), 7))
+    valid = _full_spec(Call(mss.OP_NAME, mss.valid_spec(mss.Dims(2, 3, 4, 5, (6,), 7)), None, mss))
     with fake_mode():
         cached(**build(valid))
         validation.contract = SimpleNamespace(validate=lambda **_: pytest.fail("not cached"),
@@ -160,11 +159,10 @@ def test_overlap_rows_run_on_every_call():
     dims = smp.Dims(s_q=3, s_kv=50, with_buffers=True, with_errors=True)
     validation, cached = _cached(smp)
     with fake_mode():
-        good = build(_full_spec(smp, dims))
-        cached(**good)
+        call = Call(smp.OP_NAME, smp.valid_spec(dims), None, smp)
+        cached(**build(_full_spec(call)))
         for rule in ("buffers_alias", "topk_length_errors_alias"):
-            spec = smp.NEAR_MISSES[rule](smp.valid_spec(dims))
-            bad = build(spec)
+            bad = build(_full_spec(call.near_miss(rule)))
             assert validation.signature(*(bad[n] for n in smp.ARGUMENTS)) in validation.passed
             assert _outcome(cached, bad) == smp.CONTRACT.expected_error(rule, **bad)
 
