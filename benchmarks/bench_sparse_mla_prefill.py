@@ -1,4 +1,4 @@
-"""Benchmark: FP8 sparse MLA prefill at the four issue shapes, against the original and the GEMM.
+"""Benchmark: FP8 sparse MLA prefill at the four serving shapes, against the original and the GEMM.
 
 For each shape ``(s_q, s_kv, h_q, d_qk, topk)``, indices uniform in ``[0, s_kv)``, one row:
 
@@ -34,14 +34,13 @@ from pathlib import Path
 import torch
 
 from strictops.meta import sparse_mla_prefill as contract
-from strictops.ops import _sparse_mla_gluon as ws
 from strictops.ops import sparse_mla_prefill as m
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
 from _harness import (Report, arg_parser, fp8_gemm_tflops, grouped_bars, median_us,
                       parse_args)
 
-# (s_q, s_kv, h_q, d_qk, topk), from the issue.
+# (s_q, s_kv, h_q, d_qk, topk): the serving shapes the op is measured at.
 SHAPES = [
     (4096, 8192, 128, 576, 2048),
     (4096, 32768, 128, 576, 2048),
@@ -80,7 +79,7 @@ def original():
 
 def _hopper_launch():
     """The block-pair kernel's launcher, or None (no Gluon, or not an sm_90 GPU)."""
-    if not ws.AVAILABLE or torch.cuda.get_device_capability() != (9, 0):
+    if m._sparse_mla_gluon is None or torch.cuda.get_device_capability() != (9, 0):
         return None
     from strictops.ops import _sparse_mla_hopper
     return _sparse_mla_hopper.launch
@@ -140,7 +139,7 @@ def measure(shape, gen: torch.Generator, gemm: float, cutlass) -> dict:
     triton_outputs = tuple(torch.empty_like(t) for t in outputs)
     triton_us = median_us(functools.partial(_launch_triton, call, triton_outputs))
     inputs = [call[k] for k in m.INPUTS if k != "d_v"]
-    facts = kernel_facts(ws.launch(*inputs, *outputs, None) if gluon
+    facts = kernel_facts(m._sparse_mla_gluon.launch(*inputs, *outputs, None) if gluon
                          else _launch_triton(call, outputs))
     hopper = _hopper_launch()
     hopper_us = None if hopper is None else median_us(lambda: hopper(*inputs, *outputs, None))

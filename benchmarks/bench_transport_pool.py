@@ -8,7 +8,7 @@ written over the copy bandwidth, measured between timing rounds). Device-time me
 (``do_bench``, L2 flushed before each call) and CUDA-graph replays, in ``ROUNDS`` rounds per
 size; every publish is checked bit for bit (bytes and ready word); a tuning sweep of the
 kernel; the host wall time of an eager publish (ours and the original path's); and the
-issue's bars (``BARS``, on the median over the rounds), written with the results.
+op's bars (``BARS``, on the median over the rounds), written with the results.
 
 An eager timing can include the GPU's wait for the host: ``do_bench`` fills the L2 before each
 call, and when the host takes longer to launch the publish than the GPU takes for that fill,
@@ -60,7 +60,7 @@ TUNING = [{"block_bytes": b, "num_warps": w, "two_launches": two, **extra}
 ROUNDS = 3
 RATIOS = {"ours_bw_ratio": "ours_us", "ours_graph_bw_ratio": "ours_graph_us",
           "original_graph_bw_ratio": "original_graph_us", "copy_graph_bw_ratio": "copy_graph_us"}
-# The bars: a 64 KiB publish in at most 7 us, and at 256 MiB at least 0.95 of the
+# The op's bars: a 64 KiB publish in at most 7 us, and at 256 MiB at least 0.95 of the
 # floor's bandwidth (graph replay, and the eager call).
 BARS = [("64KiB", "ours_graph_us", "<=", 7.0), ("256MiB", "ours_graph_bw_ratio", ">=", 0.95),
         ("256MiB", "ours_bw_ratio", ">=", 0.95)]

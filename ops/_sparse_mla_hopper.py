@@ -67,12 +67,9 @@ __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
 BLOCK_H = 64
 BLOCK_N = 64
 D_V = 512
-# Stages of gathered blocks (3 does not fit beside Q, Vᵀ and P at d_qk = 576), Vᵀ buffers and
-# the producer's transpose lag (producer transpose only; 3 buffers measured no faster), who
-# transposes V (the consumers: 404 against 358 TFLOPS) and how many columns per load (128
-# halves the consumers' barriers; not yet measured), and registers per thread of the
-# consumer and producer warpgroups (2 * consumer_regs + producer_regs <= 3 * max_regs; 216
-# consumer registers spill). Measured on the H200: docs/design/sparse_mla_prefill.md.
+# 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V (404 against
+# 358 TFLOPS for the producer); setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
+# Every knob and its measurement: docs/design/sparse_mla_prefill.md#measurements
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
           "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
 

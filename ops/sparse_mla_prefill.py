@@ -60,10 +60,16 @@ from strictops.meta import sparse_mla_prefill as contract
 from strictops.meta._contract import CachedValidation
 from strictops.meta._specs import TensorSpec
 
-from . import _sparse_mla_gluon
 from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
 from ._interpret import interpreted
 from ._launcher import Launcher
+
+try:  # the one place that decides whether this Triton has Gluon's Hopper API
+    from . import _sparse_mla_gluon
+except ImportError as error:  # without it, the Triton kernel runs everywhere
+    if not (error.name or "").startswith("triton"):
+        raise
+    _sparse_mla_gluon = None
 
 # The public function. The reference and the helpers of tests, benchmarks and the self-check
 # (``reference``, ``relative_l2``, ``compare_to_reference``, ``launch_interpreted``,
@@ -240,7 +246,7 @@ def warp_specialized(q: torch.Tensor, real: bool = False) -> bool:
     """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see
     ``KERNEL``): a trace-time constant of the device, never of a size. ``real``: ``q`` is a
     real CUDA tensor (the eager path), so a GPU is there to ask."""
-    if KERNEL == "triton" or not _sparse_mla_gluon.AVAILABLE:
+    if KERNEL == "triton" or _sparse_mla_gluon is None:
         return False
     if KERNEL == "gluon":  # also on fake CUDA tensors without a GPU: CI traces this path
         return True

@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import secrets
+import subprocess
+import sys
 import unittest
 
 import expecttest
@@ -560,11 +562,22 @@ def test_auto_picks_the_gluon_kernel_on_sm90_devices_only(capability, expected, 
             queries = device_capability.cache_info()
     finally:
         device_capability.cache_clear()
-    available = op._sparse_mla_gluon.AVAILABLE
+    available = op._sparse_mla_gluon is not None
     assert picks == [expected and available] * 3
     assert (queries.misses, queries.hits) == ((1, 2) if available else (0, 0))
     if available:
         assert asked[-1] == index
+
+
+def test_the_op_imports_on_a_triton_without_gluon():
+    """Where Gluon's Hopper API is missing, the package imports and the op keeps to its
+    Triton kernel."""
+    code = ("import sys; sys.modules['triton.experimental.gluon.language.nvidia.hopper'] = None\n"
+            "from strictops.ops import sparse_mla_prefill as op\n"
+            "op.KERNEL = 'gluon'\n"
+            "assert op._sparse_mla_gluon is None and not op.warp_specialized(None)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 # The Gluon kernel's signature for an ahead-of-time sm_90 build (pointers 16-byte aligned, as
@@ -594,7 +607,7 @@ def _sm90_ptx(module, kernel, d_qk: int, **tuning):
     return ptx
 
 
-@pytest.mark.skipif(not op._sparse_mla_gluon.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.skipif(op._sparse_mla_gluon is None, reason="this Triton has no Gluon")
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
     """Without a GPU: the warp-specialised kernel compiles for sm_90 (a Gluon API change
@@ -610,7 +623,7 @@ def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
     assert "wgmma.mma_async.sync.aligned.m64n64k32" not in ptx  # no consumer computes all of S
 
 
-@pytest.mark.skipif(not op._sparse_mla_gluon.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.skipif(op._sparse_mla_gluon is None, reason="this Triton has no Gluon")
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 @pytest.mark.parametrize("tr_cons", [True, False])
 def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tr_cons):
@@ -707,7 +720,7 @@ def test_gpu_hopper_runs_the_warp_specialized_kernel_close_to_the_triton_one(mon
     dims = contract.Dims(s_q=40, s_kv=1000, h_q=128, d_qk=576, topk=256, with_attn_sink=True,
                          device="cuda")
     args = op.random_inputs(dims, gen)
-    hopper = torch.cuda.get_device_capability() == (9, 0) and op._sparse_mla_gluon.AVAILABLE
+    hopper = torch.cuda.get_device_capability() == (9, 0) and op._sparse_mla_gluon is not None
     assert op.warp_specialized(args["q"]) == hopper
     monkeypatch.setattr(op, "KERNEL", "gluon" if hopper else "triton")
     ours = sparse_mla_q8kv8_prefill_fwd(**args)

@@ -23,11 +23,12 @@ from strictops.meta import sparse_mla_prefill as smp
 from strictops.meta._contract import CachedValidation
 from strictops.meta.transport_pool import data_start
 from strictops.ops import TransportPool
-from strictops.ops import _sparse_mla_gluon as ws
 from strictops.ops import mamba_state_scatter as mss
 from strictops.ops import sparse_mla_prefill as sparse
 from strictops.ops import transport_pool as tp
 from strictops.ops._dispatch import can_skip_dispatcher
+
+ws = sparse._sparse_mla_gluon  # the Gluon kernel module; None on a Triton without Gluon
 
 CALLS = 200
 

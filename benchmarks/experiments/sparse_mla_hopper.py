@@ -8,7 +8,7 @@ ablations in
 ``ABLATIONS`` (wrong results, for timing only).
 
 Without a GPU (``--build``): compiles ``strictops.ops._sparse_mla_hopper`` (and the older
-``_sparse_mla_gluon`` where present) for sm_90a with the Triton wheel's ptxas and prints
+``_sparse_mla_gluon``) for sm_90a with the Triton wheel's ptxas and prints
 registers, spills, ptxas warnings, shared memory and the SASS instruction mix.
 
 On an H200: every kernel variant against the float64 reference (several shapes, both d_qk,
@@ -83,14 +83,9 @@ def _ablated(name: str):
 
 def kernels(names=None) -> dict:
     """name -> (module, tuning) of every variant to compare (those in ``names`` if given)."""
+    from strictops.ops import _sparse_mla_gluon as old
     from strictops.ops import _sparse_mla_hopper as hopper
-    found = {}
-    try:
-        from strictops.ops import _sparse_mla_gluon as old
-        if getattr(old, "AVAILABLE", True):
-            found["old"] = (old, {})
-    except ImportError:
-        pass
+    found = {"old": (old, {})}
     found["new"] = (hopper, {})  # the consumers transpose V
     found["new_prod_tr"] = (hopper, {"tr_cons": False})  # the producer transposes V
     found["new_tr128"] = (hopper, {"tr_cols": 128})  # the consumers transpose 128 columns a load
