@@ -72,6 +72,43 @@ _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
 _D_V = gl.constexpr(D_V)
 
+
+@gluon.jit
+def rows_to_attend(topk_length_ptr, errors_ptr, token, topk, head_block,
+                   HAS_TOPK_LENGTH: gl.constexpr, HAS_ERRORS: gl.constexpr):
+    """How many of the token's ``topk`` selected rows it attends to: its ``topk_length``
+    clamped to ``[0, topk]`` (``HAS_TOPK_LENGTH``), else ``topk``. With ``HAS_ERRORS``, head
+    block 0 adds 1 to ``errors_ptr[0]`` when the value was out of range."""
+    n_rows = topk
+    if HAS_TOPK_LENGTH:
+        requested = gl.load(topk_length_ptr + token)
+        n_rows = gl.maximum(gl.minimum(requested, topk), 0)
+        if HAS_ERRORS:
+            out_of_range = (requested < 0) | (requested > topk)
+            gl.atomic_add(errors_ptr, 1, mask=out_of_range & (head_block == 0))
+    return n_rows
+
+
+@gluon.jit
+def store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK: gl.constexpr):
+    """Rows ``[head0, head0 + 64)`` of token ``token`` of q (``[s_q, h_q, D_QK]`` FP8) into
+    shared memory: columns ``[0, 512)`` into ``q_nope``, the rope part into ``q_rope``. In
+    four column chunks, so that few registers are live before ``warp_specialize`` hands them
+    out. The caller fences (generic stores, then ``wgmma`` reads) and publishes."""
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    q_rows = token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, q_layout))
+    q_cols = gl.arange(0, 128, gl.SliceLayout(0, q_layout))
+    for c in gl.static_range(4):
+        q_nope.slice(c * 128, 128, dim=1).store(
+            gl.load(q_ptr + gl.expand_dims(q_rows * D_QK, 1)
+                    + gl.expand_dims(c * 128 + q_cols, 0)))
+    if D_QK > 512:
+        rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        r_rows = token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, rope_layout))
+        r_cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
+        q_rope.store(gl.load(q_ptr + gl.expand_dims(r_rows * D_QK, 1)
+                             + gl.expand_dims(r_cols, 0)))
+
 @gluon.jit
 def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,
               k_nope, k_rope, v_f16, k_ready, k_free, v_ready, v_free,
@@ -290,7 +327,6 @@ def sparse_mla_ws_kernel(
     int32, out ``[s_q, h_q, 512]`` bf16, max_logits and lse ``[s_q, h_q]`` float32; all
     contiguous, ``h_q`` a multiple of 64, ``topk`` of 128, ``D_QK`` 512 or 576.
     """
-    D_ROPE: gl.constexpr = D_QK - 512
     head_blocks = h_q // _BLOCK_H
     pid = gl.program_id(0)
     token = (pid // head_blocks).to(gl.int64)
@@ -330,30 +366,12 @@ def sparse_mla_ws_kernel(
     kv_scale = gl.load(kv_scale_ptr)
     # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
     scale = (sm_scale * gl.load(q_scale_ptr) * kv_scale).to(gl.float32)
-    n_rows = topk
-    if HAS_TOPK_LENGTH:
-        requested = gl.load(topk_length_ptr + token)
-        n_rows = gl.maximum(gl.minimum(requested, topk), 0)
-        if HAS_ERRORS:
-            out_of_range = (requested < 0) | (requested > topk)
-            gl.atomic_add(errors_ptr, 1, mask=out_of_range & (head_block == 0))
+    n_rows = rows_to_attend(topk_length_ptr, errors_ptr, token, topk, head_block,
+                            HAS_TOPK_LENGTH, HAS_ERRORS)
 
     # Q into shared memory by this (the first consumer's) warpgroup, then published to
     # the other consumer; the proxy fence orders the generic stores before wgmma reads.
-    # In four column chunks, so that few registers are live before they are handed out.
-    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    q_rows = (token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, q_layout)))
-    q_cols = gl.arange(0, 128, gl.SliceLayout(0, q_layout))
-    for c in gl.static_range(4):
-        q_nope.slice(c * 128, 128, dim=1).store(
-            gl.load(q_ptr + gl.expand_dims(q_rows * D_QK, 1)
-                    + gl.expand_dims(c * 128 + q_cols, 0)))
-    if D_ROPE > 0:
-        rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-        r_rows = token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, rope_layout))
-        r_cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
-        q_rope.store(gl.load(q_ptr + gl.expand_dims(r_rows * D_QK, 1)
-                             + gl.expand_dims(r_cols, 0)))
+    store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK)
     fence_async_shared()
     gl.thread_barrier()
     mbarrier.arrive(q_ready)
@@ -373,32 +391,48 @@ def sparse_mla_ws_kernel(
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
+def tuned(defaults: dict, tuning: dict) -> dict:
+    """``defaults`` (a module's ``TUNING``) with the entries of ``tuning``, each of which must
+    be one of its keys."""
+    unknown = set(tuning) - set(defaults)
+    if unknown:
+        raise TypeError(f"unknown tuning keys {sorted(unknown)}; "
+                        f"expected some of {sorted(defaults)}")
+    return defaults | tuning
+
+
 def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors: bool,
                **tuning) -> dict:
     """The kernel's compile-time arguments for a call (``tuning`` overrides entries of
     ``TUNING``); ``max_regs`` is a launch option, not among them."""
-    unknown = set(tuning) - set(TUNING)
-    if unknown:
-        raise TypeError(f"unknown tuning keys {sorted(unknown)}; expected some of {sorted(TUNING)}")
-    t = TUNING | tuning
+    t = tuned(TUNING, tuning)
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"],
                 LAG=t["lag"])
 
 
-def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
-           max_logits, lse, topk_length_errors, **tuning):
-    """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both);
-    ``tuning`` overrides entries of ``TUNING``. Returns the compiled kernel."""
+def launch_kernel(kernel, constexprs_of, defaults, q, kv, indices, sm_scale, q_scale, kv_scale,
+                  attn_sink, topk_length, out, max_logits, lse, topk_length_errors, **tuning):
+    """Launch a Gluon sparse MLA ``kernel`` (this module's or ``_sparse_mla_hopper``'s: the
+    same grid and runtime parameters) on validated CUDA tensors on an sm_90 GPU (the caller
+    checks both), its compile-time arguments from ``constexprs_of`` and its register limit
+    from ``defaults`` (the kernel's ``TUNING``), both overridden by ``tuning``. Returns the
+    compiled kernel."""
     s_q, h_q, d_qk = q.shape
-    return sparse_mla_ws_kernel[(s_q * (h_q // BLOCK_H),)](
+    return kernel[(s_q * (h_q // BLOCK_H),)](
         q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
         out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2],
-        **constexprs(d_qk, topk_length is not None, attn_sink is not None,
-                     topk_length_errors is not None, **tuning),
-        num_warps=4, maxnreg=(TUNING | tuning)["max_regs"],
+        **constexprs_of(d_qk, topk_length is not None, attn_sink is not None,
+                        topk_length_errors is not None, **tuning),
+        num_warps=4, maxnreg=tuned(defaults, tuning)["max_regs"],
     )
+
+
+def launch(*args, **tuning):
+    """:func:`launch_kernel` of this module's kernel; ``args`` as for
+    ``strictops_kernels::sparse_mla_ws_launch``, ``tuning`` overrides entries of ``TUNING``."""
+    return launch_kernel(sparse_mla_ws_kernel, constexprs, TUNING, *args, **tuning)
 
 
 # The eager launches, prepared once per specialisation (see strictops.ops._launcher).

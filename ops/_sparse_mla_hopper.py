@@ -61,6 +61,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ._sparse_mla_gluon import launch_kernel, rows_to_attend, store_q, tuned
+
 __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
 
 # 64 heads a CTA, 64 gathered rows a block, 512 latent (V) columns; each consumer owns 256.
@@ -446,30 +448,11 @@ def sparse_mla_hopper_kernel(
     # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
     scale_log2 = (sm_scale * gl.load(q_scale_ptr) * kv_scale * 1.4426950408889634).to(
         gl.float32)
-    n_rows = topk
-    if HAS_TOPK_LENGTH:
-        requested = gl.load(topk_length_ptr + token)
-        n_rows = gl.maximum(gl.minimum(requested, topk), 0)
-        if HAS_ERRORS:
-            out_of_range = (requested < 0) | (requested > topk)
-            gl.atomic_add(errors_ptr, 1, mask=out_of_range & (head_block == 0))
+    n_rows = rows_to_attend(topk_length_ptr, errors_ptr, token, topk, head_block,
+                            HAS_TOPK_LENGTH, HAS_ERRORS)
 
-    # Q into shared memory through registers, in four column chunks (few registers live
-    # before warp_specialize hands them out); the proxy fence orders these generic stores
-    # before the consumers' wgmma reads.
-    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    q_rows = token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, q_layout))
-    q_cols = gl.arange(0, 128, gl.SliceLayout(0, q_layout))
-    for c in gl.static_range(4):
-        q_nope.slice(c * 128, 128, dim=1).store(
-            gl.load(q_ptr + gl.expand_dims(q_rows * D_QK, 1)
-                    + gl.expand_dims(c * 128 + q_cols, 0)))
-    if D_QK > 512:
-        rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-        r_rows = token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, rope_layout))
-        r_cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
-        q_rope.store(gl.load(q_ptr + gl.expand_dims(r_rows * D_QK, 1)
-                             + gl.expand_dims(r_cols, 0)))
+    # The proxy fence orders Q's generic stores before the consumers' wgmma reads.
+    store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK)
     fence_async_shared()
     gl.thread_barrier()
 
@@ -492,25 +475,15 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
                **tuning) -> dict:
     """The kernel's compile-time arguments for a call (``tuning`` overrides entries of
     ``TUNING``); ``max_regs`` is a launch option, not among them."""
-    unknown = set(tuning) - set(TUNING)
-    if unknown:
-        raise TypeError(f"unknown tuning keys {sorted(unknown)}; expected some of {sorted(TUNING)}")
-    t = TUNING | tuning
+    t = tuned(TUNING, tuning)
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
                 LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 
-def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
-           max_logits, lse, topk_length_errors, **tuning):
-    """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both);
-    ``tuning`` overrides entries of ``TUNING``. Returns the compiled kernel."""
-    s_q, h_q, d_qk = q.shape
-    return sparse_mla_hopper_kernel[(s_q * (h_q // BLOCK_H),)](
-        q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
-        out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2],
-        **constexprs(d_qk, topk_length is not None, attn_sink is not None,
-                     topk_length_errors is not None, **tuning),
-        num_warps=4, maxnreg=(TUNING | tuning)["max_regs"],
-    )
+def launch(*args, **tuning):
+    """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both):
+    ``args`` as for ``strictops.ops._sparse_mla_gluon.launch``, ``tuning`` overrides entries of
+    ``TUNING``. Returns the compiled kernel."""
+    return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args, **tuning)
