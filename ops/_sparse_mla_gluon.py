@@ -5,7 +5,7 @@ everywhere else (other GPUs, the Triton interpreter, tracing without a GPU); bot
 same thing from the same validated arguments (see that module for the semantics). Importing
 this module needs Gluon's Hopper API (Triton 3.6, the version CI pins and the GPU machine has;
 ``ImportError`` otherwise): the op module decides, in one place, whether it has it. Why this
-design, with what was measured and rejected: docs/design/sparse_mla_prefill.md#gluon-kernel-sm90
+design, with what was measured and rejected: docs/design/sparse_mla_prefill.md#gluon-kernel-sm_90
 
 Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes token ``pid // (h_q // 64)`` for 64 heads,
 with three warpgroups (12 warps), one CTA per SM (181 KiB of shared memory at ``d_qk = 576``):
