@@ -138,6 +138,10 @@ class Check:
         The predicate reads tensor values, not only metadata: a host sync on a GPU tensor, and
         impossible on a fake one. Such a row runs only where :func:`values_readable` allows it;
         elsewhere it is skipped (the op must then cope with any value, e.g. in its kernel).
+    reads_memory:
+        The predicate reads where tensors lie in memory (storage identity, overlapping byte
+        ranges), which the metadata signature of :class:`CachedValidation` does not hold: such a
+        row runs on every call, a cached verdict never covers it.
     """
 
     rule: str
@@ -145,6 +149,7 @@ class Check:
     message: Message
     error: type[Exception] = ValueError
     reads_values: bool = False
+    reads_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,8 +193,12 @@ class Contract:
     def validate(self, **args: Any) -> None:
         """Run every check in order; raise the first failing one's error with its message.
         A ``reads_values`` row runs only where :func:`values_readable` allows it."""
+        self.validate_rows(self.checks, args)
+
+    def validate_rows(self, checks: Iterable[Check], args: Mapping[str, Any]) -> None:
+        """:meth:`validate` restricted to ``checks`` (rows of this contract, in its order)."""
         namespace = SimpleNamespace(**args)
-        for c in self.checks:
+        for c in checks:
             if c.reads_values and not values_readable(args.values()):
                 continue
             ok = c.ok(namespace)
@@ -229,6 +238,76 @@ def values_readable(values: Iterable[Any]) -> bool:
         if type(v) is not torch.Tensor and isinstance(v, torch.Tensor):
             return False
     return not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+
+
+class CachedValidation:
+    """A contract's eager validation with its verdict cached per metadata signature.
+
+    ``validation(*args)`` (the op's arguments in the order of ``names``) does what
+    ``contract.validate(**dict(zip(names, args)))`` does, raising the same error with the same
+    message. The signature of a call holds, for each argument, the class, layout, shape,
+    strides, storage offset, dtype and device of a tensor, or the type and value of anything
+    else (``None`` included). A call whose signature passed before skips the rows that read
+    only metadata, which a change of any of those pieces could break, and still runs every
+    ``reads_values`` and ``reads_memory`` row. A failing call is never cached; nor a call whose
+    signature cannot be computed or hashed (it is validated in full).
+
+    Eager only: the op calls it where it skips the dispatcher (plain tensors, no tracing); the
+    fake and traced paths run :meth:`Contract.validate`.
+    """
+
+    # Cached signatures kept per contract before the cache starts over.
+    MAX_ENTRIES = 1024
+
+    def __init__(self, contract: Contract, names: tuple[str, ...]) -> None:
+        self.contract = contract
+        self.names = names
+        self.per_call = tuple(c for c in contract.checks if c.reads_values or c.reads_memory)
+        self.passed: set = set()
+        self.signature = _signature_function(names)
+        self.namespace = eval(f"lambda {', '.join(names)}: SimpleNamespace("  # noqa: S307
+                              f"{', '.join(f'{n}={n}' for n in names)})",
+                              {"SimpleNamespace": SimpleNamespace})
+
+    def _validate_per_call(self, args: tuple) -> None:
+        """The ``reads_values`` and ``reads_memory`` rows, as :meth:`Contract.validate` runs
+        them (the argument mapping for a message is built only when one fails)."""
+        namespace = self.namespace(*args)
+        for c in self.per_call:
+            if c.reads_values and not values_readable(args):
+                continue
+            ok = c.ok(namespace)
+            if ok is not True:
+                torch._check_with(c.error, ok, _lazy_message(c, dict(zip(self.names, args))))
+
+    def __call__(self, *args: Any) -> None:
+        try:
+            key = self.signature(*args)
+            hit = key in self.passed
+        except Exception:  # e.g. a sparse tensor's strides, an unhashable scalar
+            key, hit = None, False
+        if hit:
+            if self.per_call:
+                self._validate_per_call(args)
+            return
+        self.contract.validate(**dict(zip(self.names, args)))
+        if key is not None:
+            if len(self.passed) >= self.MAX_ENTRIES:
+                self.passed.clear()
+            self.passed.add(key)
+
+
+def _signature_function(names: tuple[str, ...]) -> Callable[..., tuple]:
+    """A function of the arguments ``names`` that returns their metadata signature (see
+    :class:`CachedValidation`), written out argument by argument: one call, no loop."""
+    parts = ", ".join(
+        f"(None if {n} is None else ({n}.__class__, {n}.layout, {n}.shape, {n}.stride(), "
+        f"{n}.storage_offset(), {n}.dtype, {n}.device) if isinstance({n}, Tensor) "
+        f"else ({n}.__class__, {n}))" for n in names)
+    source = f"def signature({', '.join(names)}):\n    return ({parts},)\n"
+    namespace = {"Tensor": torch.Tensor}
+    exec(source, namespace)  # noqa: S102 - the names are the op's own argument names
+    return namespace["signature"]
 
 
 def _lazy_message(c: Check, args: Mapping[str, Any]) -> Callable[[], str]:

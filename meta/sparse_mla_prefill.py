@@ -293,9 +293,11 @@ CHECKS = (
     *_buffer_rules("lse", torch.float32),
     Check(
         "buffers_alias",
-        lambda a: sym_all((_disjoint(a.out, a.max_logits), _disjoint(a.out, a.lse),
-                           _disjoint(a.max_logits, a.lse))),
+        lambda a: (a.max_logits is None and a.lse is None)  # every pair has a None
+        or sym_all((_disjoint(a.out, a.max_logits), _disjoint(a.out, a.lse),
+                    _disjoint(a.max_logits, a.lse))),
         lambda **_: "out, max_logits and lse must not alias each other",
+        reads_memory=True,
     ),
     # Added: the device-side error counter (an argument the original did not have).
     _vector("topk_length_errors", torch.int32, lambda a: 1),
@@ -303,13 +305,20 @@ CHECKS = (
     _on_q_device("topk_length_errors"),
     Check(
         "topk_length_errors_alias",
-        lambda a: sym_all(_disjoint(a.topk_length_errors, getattr(a, b)) for b in BUFFERS),
+        lambda a: a.topk_length_errors is None
+        or sym_all(_disjoint(a.topk_length_errors, getattr(a, b)) for b in BUFFERS),
         lambda **_: "topk_length_errors must not alias out, max_logits or lse",
+        reads_memory=True,
     ),
 )
 
 CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="sparse_mla_prefill", checks=CHECKS,
                     mutates=(*BUFFERS, "topk_length_errors"))
+
+
+# The op's arguments, in order.
+ARGUMENTS = ("q", "kv", "indices", "sm_scale", "q_scale", "kv_scale", "d_v", "attn_sink",
+             "topk_length", "out", "max_logits", "lse", "topk_length_errors")
 
 
 def validate(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=D_V, attn_sink=None,

@@ -57,11 +57,13 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import sparse_mla_prefill as contract
+from strictops.meta._contract import CachedValidation
 from strictops.meta._specs import TensorSpec
 
 from . import _sparse_mla_gluon
 from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
 from ._interpret import interpreted
+from ._launcher import Launcher
 
 # The public function. The reference and the helpers of tests, benchmarks and the self-check
 # (``reference``, ``relative_l2``, ``compare_to_reference``, ``launch_interpreted``,
@@ -194,18 +196,25 @@ TUNING = {"num_warps": 8, "num_stages": 2, "block_n": 64}
 KERNEL = "auto"
 
 
+def _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length,
+                       out, max_logits, lse, topk_length_errors):
+    """The grid and the 15 runtime parameters (those both kernels take first, in order)."""
+    s_q, h_q, d_qk = q.shape
+    return (s_q * (h_q // contract.HEAD_BLOCK), 1, 1), (
+        q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
+        out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2])
+
+
 def _launch(kernel, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length,
             out, max_logits, lse, topk_length_errors, num_warps=TUNING["num_warps"],
             num_stages=TUNING["num_stages"], block_n=TUNING["block_n"]):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs;
     return what the launch returns (for a JIT kernel, the compiled kernel: the benchmark
     reads its registers, spills and instructions)."""
-    s_q, h_q, d_qk = q.shape
-    return kernel[(s_q * (h_q // contract.HEAD_BLOCK), 1, 1)](
-        q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
-        out, max_logits, lse,
-        sm_scale, kv.shape[0], h_q, indices.shape[2],
-        D_QK=d_qk, HAS_TOPK_LENGTH=topk_length is not None,
+    grid, runtime = _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
+                                       topk_length, out, max_logits, lse, topk_length_errors)
+    return kernel[grid](
+        *runtime, D_QK=q.shape[2], HAS_TOPK_LENGTH=topk_length is not None,
         HAS_ATTN_SINK=attn_sink is not None, HAS_ERRORS=topk_length_errors is not None,
         BLOCK_H=contract.HEAD_BLOCK, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
     )
@@ -227,58 +236,20 @@ def _allocate(q, d_v, out, max_logits, lse):
     return out, max_logits, lse, fresh
 
 
-def warp_specialized(q: torch.Tensor) -> bool:
+def warp_specialized(q: torch.Tensor, real: bool = False) -> bool:
     """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see
-    ``KERNEL``): a trace-time constant of the device, never of a size."""
+    ``KERNEL``): a trace-time constant of the device, never of a size. ``real``: ``q`` is a
+    real CUDA tensor (the eager path), so a GPU is there to ask."""
     if KERNEL == "triton" or not _sparse_mla_gluon.AVAILABLE:
         return False
     if KERNEL == "gluon":  # also on fake CUDA tensors without a GPU: CI traces this path
         return True
-    return torch.cuda.is_available() and _is_sm90(q.get_device())
+    return (real or torch.cuda.is_available()) and _is_sm90(q.get_device())
 
 
 def _is_sm90(device_index: int) -> bool:
     """Whether CUDA device ``device_index`` is a Hopper (sm_90)."""
     return device_capability(device_index) == (9, 0)
-
-
-def _launch_warp_specialized(q, *args):
-    with on_device_of(q):
-        return _sparse_mla_gluon.launch(q, *args)
-
-
-@torch.library.custom_op("strictops_kernels::sparse_mla_ws_launch",
-                         mutates_args=("out", "max_logits", "lse", "topk_length_errors"))
-def _ws_launch(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sm_scale: float,
-    q_scale: torch.Tensor,
-    kv_scale: torch.Tensor,
-    attn_sink: Optional[torch.Tensor],
-    topk_length: Optional[torch.Tensor],
-    out: torch.Tensor,
-    max_logits: torch.Tensor,
-    lse: torch.Tensor,
-    topk_length_errors: Optional[torch.Tensor],
-) -> None:
-    """The Gluon kernel's launch as an op of its own, for traced calls only.
-
-    Inductor compiles ``wrap_triton`` launches of ``@triton.jit`` kernels, not Gluon ones, so
-    a traced call of the public op records this op instead: the contract has already run in
-    the public op's body (this op is never called on unvalidated arguments), and the outputs
-    are already allocated, so its fake has nothing to check or allocate. Eager calls launch
-    directly.
-    """
-    _launch_warp_specialized(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
-                             topk_length, out, max_logits, lse, topk_length_errors)
-
-
-@_ws_launch.register_fake
-def _(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out, max_logits,
-      lse, topk_length_errors) -> None:
-    return None
 
 
 def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
@@ -294,10 +265,41 @@ def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d
         with on_device_of(q, real_launch):
             _launch(kernel, *launch_args)
     elif real_launch:
-        _launch_warp_specialized(*launch_args)
+        _sparse_mla_gluon.launch_on_device(*launch_args)
     else:
         torch.ops.strictops_kernels.sparse_mla_ws_launch(*launch_args)
     return fresh
+
+
+# The eager path: the contract's verdict cached per metadata signature, the kernels launched
+# through their cached launchers (strictops.ops._launcher); the same rules and launches.
+_VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
+_LAUNCHER = Launcher(_sparse_mla_prefill_kernel)
+
+
+def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out,
+           max_logits, lse, topk_length_errors) -> tuple:
+    """:func:`_forward` of a real launch in plain eager mode; returns ``(out, max_logits,
+    lse)``. Missing ``max_logits`` and ``lse`` are the halves of one ``[2, s_q, h_q]``
+    allocation."""
+    _VALIDATION(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out,
+                max_logits, lse, topk_length_errors)
+    s_q, h_q, d_qk = q.shape
+    if max_logits is None and lse is None:
+        max_logits, lse = torch.empty((2, s_q, h_q), dtype=torch.float32,
+                                      device=q.device).unbind(0)
+    out, max_logits, lse, _ = _allocate(q, d_v, out, max_logits, lse)
+    grid, runtime = _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
+                                       topk_length, out, max_logits, lse, topk_length_errors)
+    flags = (topk_length is not None, attn_sink is not None, topk_length_errors is not None)
+    device = q.get_device()
+    if warp_specialized(q, real=True):
+        _sparse_mla_gluon.launch_eager(grid, runtime, d_qk, *flags, device)
+    else:
+        t = TUNING
+        _LAUNCHER(grid, (*runtime, d_qk, *flags, contract.HEAD_BLOCK, t["block_n"]),
+                  (("num_warps", t["num_warps"]), ("num_stages", t["num_stages"])), device)
+    return out, max_logits, lse
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -400,7 +402,8 @@ def sparse_mla_q8kv8_prefill_fwd(
     accumulates on the device until the caller reads (``.item()``, off the hot path) or zeroes
     it.
 
-    In plain eager mode the call skips the dispatcher (see ``strictops.ops._dispatch``);
+    In plain eager mode the call skips the dispatcher (see ``strictops.ops._dispatch``), and
+    a ``max_logits`` and ``lse`` it allocates are the two halves of one allocation;
     ``torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd`` is the same op through it and returns
     the list of outputs it allocated.
     """
@@ -412,13 +415,12 @@ def sparse_mla_q8kv8_prefill_fwd(
             max_logits, lse, topk_length_errors)
     written = (out, max_logits, lse, topk_length_errors)
     if can_skip_dispatcher(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, *written):
-        fresh = _forward(_sparse_mla_prefill_kernel, True, *args)
+        outputs = _eager(*args)
         for t in written:
             if t is not None:  # what the dispatcher does for the a(!) arguments
                 torch.autograd.graph.increment_version(t)
-    else:
-        fresh = torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(*args)
-    fresh = iter(fresh)
+        return outputs
+    fresh = iter(torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(*args))
     return tuple([next(fresh) if t is None else t for t in (out, max_logits, lse)])
 
 

@@ -81,6 +81,7 @@ from strictops.meta.transport_pool import (
 
 from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
 from ._interpret import interpreted
+from ._launcher import Launcher, Pointer, keyword_constexprs
 
 # Test helpers (reference, launch_interpreted, example_inputs, selfcheck_result) are importable
 # by name but not part of the public API.
@@ -354,7 +355,21 @@ def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count
     launch on an sm_90+ device (:func:`_pdl_launch`). Returns what the launches return
     (compiled kernels, for a probe's ``n_regs``)."""
     src_bytes = src.view(-1).view(torch.uint8)  # a view: the kernel reads any dtype as bytes
-    src_nbytes = src_bytes.shape[0]
+    launched = []
+    for grid, args, options in _launches(kernel, pool, src_bytes, src_bytes.shape[0], lease,
+                                         state, max_inflight_slices, consumer_count, values,
+                                         two_launches, consumers, **tuning):
+        runtime, constexprs = keyword_constexprs(_LAUNCHER.fn, args)
+        launched.append(kernel[grid](*runtime, **constexprs, **dict(options)))
+    return launched
+
+
+def _launches(kernel, pool, src_bytes, src_nbytes, lease, state, max_inflight_slices,
+              consumer_count, values, two_launches=None, consumers=contract.PEERS,
+              **tuning) -> list:
+    """The launches of one publish (see :func:`_launch`) as ``(grid, every kernel parameter
+    in signature order, launch options)``; ``src_bytes``: the source as uint8 (a view, or a
+    :class:`~strictops.ops._launcher.Pointer`), ``src_nbytes`` bytes."""
     size = hint(src_nbytes)
     if two_launches is None:
         two_launches = size > TUNING["two_launches_above"]
@@ -372,23 +387,49 @@ def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count
     assert block >= 16 and block & (block - 1) == 0, block  # whole 16-byte vectors per block
     pdl = two_launches and _pdl_launch(kernel, pool, tuning.get("pdl", False))
     lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
-    args = (pool, src_bytes, lease, state, pool.shape[0], src_nbytes,
-            contract.data_start(max_inflight_slices, consumer_count),
-            contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args)
     # Every constexpr, PDL=False included: Inductor's analysis of a wrapped kernel's mutations
-    # takes no default.
-    meta = dict(LEASE_FROM_PTR=values is None, BLOCK=block, PDL=pdl,
-                PTX=kernel is _publish_kernel, SYSTEM=contract.system_scope(consumers))
+    # takes no default. PTX: the inline-PTX flag store, for the JIT kernel only. SYSTEM: the
+    # flag's release at system scope.
+    head = (pool, src_bytes, lease, state, pool.shape[0], src_nbytes,
+            contract.data_start(max_inflight_slices, consumer_count),
+            contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args,
+            values is None, block)
+    tail = (pdl, kernel is _publish_kernel, contract.system_scope(consumers))
+    if not two_launches:
+        grid = ((src_nbytes + block - 1) // block,)
+        return [(grid, (*head, PHASE_BOTH, *tail), (("num_warps", tuning["num_warps"]),))]
     # Two launches: the copy's grid covers the whole source blocks only (possibly none), so
     # its programs load unmasked; the flag program copies the rest of the lease.
-    grid = (src_nbytes // block,) if two_launches else ((src_nbytes + block - 1) // block,)
-    phase = PHASE_COPY if two_launches else PHASE_BOTH
-    launched = [kernel[grid](*args, **meta, PHASE=phase, num_warps=tuning["num_warps"])]
-    if two_launches:
-        extra = {"launch_pdl": True} if pdl else {}
-        launched.append(kernel[(1,)](*args, **meta, PHASE=PHASE_FLAG, **extra,
-                                     num_warps=tuning["flag_num_warps"]))
-    return launched
+    flag_options = (("num_warps", tuning["flag_num_warps"]),) + (
+        (("launch_pdl", True),) if pdl else ())
+    return [((src_nbytes // block,), (*head, PHASE_COPY, *tail),
+             (("num_warps", tuning["num_warps"]),)),
+            ((1,), (*head, PHASE_FLAG, *tail), flag_options)]
+
+
+# The eager publish of a lease given on the host (the pool's copy_tensor): the launches of
+# _launch, prepared once per specialisation by the cached launcher (strictops.ops._launcher).
+_LAUNCHER = Launcher(_publish_kernel)
+# Eagerly the host, not the GPU, bounds a publish up to here, and each launch costs it about
+# 13 us on the H200 machine (two launches: 39 us at 2 MiB): one launch up to 16 MiB, where
+# the copy itself takes about 8 us (docs/design/eager_host_cost.md); two above, as graphs.
+EAGER_TWO_LAUNCHES_ABOVE = 16 << 20
+
+
+def launch_eager(pool, src, state, max_inflight_slices, consumer_count, values,
+                 consumers=contract.PEERS) -> None:
+    """``_launch(_publish_kernel, pool, src, state, state, ..., values=values, consumers=...)``
+    through the
+    cached launcher, on ``pool``'s device, in one launch up to ``EAGER_TWO_LAUNCHES_ABOVE``
+    bytes: the source is passed as a uint8 pointer, not a view. For validated CUDA tensors
+    only."""
+    src_bytes = Pointer(src.data_ptr(), torch.uint8)
+    device = pool.get_device()
+    nbytes = src.numel() * src.element_size()
+    for grid, args, options in _launches(_publish_kernel, pool, src_bytes, nbytes, state, state,
+                                         max_inflight_slices, consumer_count, values,
+                                         nbytes > EAGER_TWO_LAUNCHES_ABOVE, consumers):
+        _LAUNCHER(grid, args, options, device)
 
 
 def _pdl_launch(kernel, pool: torch.Tensor, wanted: bool) -> bool:

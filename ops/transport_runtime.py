@@ -34,6 +34,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from strictops.meta import transport_pool as contract
+from strictops.meta._contract import CachedValidation
 from strictops.meta.transport_pool import (
     DATA_ALIGNMENT,
     ERRORS,
@@ -46,10 +47,15 @@ from strictops.meta.transport_pool import (
 )
 
 from . import _cuda_stream
-from ._dispatch import on_device_of
+from ._launcher import Pointer
 from ._transport_faults import ConsumerRegistry, WaitWatchdog, default_timeout, warm_up
 from ._transport_peers import check_placement, device_index, open_mapped
-from .transport_pool import _launch, _publish_kernel, copy_and_publish
+from .transport_pool import copy_and_publish, launch_eager
+
+# copy_tensor's checks of its source, cached per metadata signature (the pool's layout was
+# checked when it was made; the lease and state are its own).
+_SOURCE_VALIDATION = CachedValidation(contract.SOURCE, ("pool", "src", "max_inflight_slices",
+                                                        "consumer_count", "name"))
 
 __all__ = [
     "LeaseAllocator",
@@ -303,6 +309,7 @@ class TransportPool:
         # One state row per slot: publishes in flight at once have different slots.
         self._state = torch.zeros(max_inflight_slices, STATE_WORDS, dtype=torch.int32,
                                   device=self.device)
+        self._state_address = self._state.data_ptr()
         # Zeroed before any other stream, thread or process reads a control word.
         torch.cuda.synchronize(self.device)
         self.base_address = self.tensor.data_ptr()
@@ -363,9 +370,8 @@ class TransportPool:
         before anything is leased; if the launch fails the lease is released.
         """
         source = tensor.contiguous()
-        contract.SOURCE.validate(pool=self.tensor, src=source,
-                                 max_inflight_slices=self.max_inflight_slices,
-                                 consumer_count=self.consumer_count, name=self.name)
+        _SOURCE_VALIDATION(self.tensor, source, self.max_inflight_slices, self.consumer_count,
+                           self.name)
         lease = self.lease(source.numel() * source.element_size())
         if lease is None:
             return None, None
@@ -378,12 +384,10 @@ class TransportPool:
 
     def _publish_lease(self, source: torch.Tensor, lease: Lease) -> None:
         # The lease is on the host: its values go to the kernel as arguments (no copy to the
-        # device first), with the slot's own state row.
-        state = self._state[lease.slot]
-        with on_device_of(self.tensor):
-            _launch(_publish_kernel, self.tensor, source, state, state,
-                    self.max_inflight_slices, self.consumer_count, values=lease,
-                    consumers=self.consumers)
+        # device first), with the slot's own state row (its address: no view per call).
+        state = Pointer(self._state_address + lease.slot * STATE_WORDS * WORD_BYTES, torch.int32)
+        launch_eager(self.tensor, source, state, self.max_inflight_slices, self.consumer_count,
+                     lease, self.consumers)
 
     def cancel_lease(self, lease: Optional[Lease] = None, *,
                      ready_byte_offset: Optional[int] = None,

@@ -576,6 +576,24 @@ _WS_SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32
                  "s_kv": "i32", "h_q": "i32", "topk": "i32"}
 
 
+def _sm90_ptx(module, kernel, d_qk: int, **tuning):
+    """PTX of a Gluon kernel built ahead of time for sm_90 with what its ``launch()`` compiles
+    (every optional argument given); asserts that its shared memory fits the H200's 227 KiB."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    constexprs = module.constexprs(d_qk, True, True, True, **tuning)
+    source = GluonASTSource(kernel, _WS_SIGNATURE | {k: "constexpr" for k in constexprs},
+                            constexprs, {(i,): [["tt.divisibility", 16]] for i in range(11)})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
+                              options={"num_warps": 4, "maxnreg": module.TUNING["max_regs"]})
+    assert compiled.metadata.shared <= 227 * 1024
+    ptx = compiled.asm["ptx"]
+    assert "mma.sync" not in ptx and "setmaxnreg" in ptx  # no fallback; registers move
+    return ptx
+
+
 @pytest.mark.skipif(not op._sparse_mla_gluon.AVAILABLE, reason="this Triton has no Gluon")
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
@@ -583,25 +601,32 @@ def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
     would fail here first), both products are wgmma (Q·Kᵀ FP8, P·V fp16; no mma.sync
     fallback), S is shared between the consumers, registers move with setmaxnreg, and shared
     memory fits the H200's 227 KiB."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     ws = op._sparse_mla_gluon
-    constexprs = ws.constexprs(d_qk, True, True, True)  # what launch() compiles
-    source = GluonASTSource(ws.sparse_mla_ws_kernel,
-                            _WS_SIGNATURE | {k: "constexpr" for k in constexprs}, constexprs,
-                            {(i,): [["tt.divisibility", 16]] for i in range(11)})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                              options={"num_warps": 4, "maxnreg": ws.TUNING["max_regs"]})
-    ptx = compiled.asm["ptx"]
+    ptx = _sm90_ptx(ws, ws.sparse_mla_ws_kernel, d_qk)
     # Per consumer: Q·Kᵀ of its 32 rows of the block is d_qk / 32 m64n32k32 instructions
     # (the two consumers share one S), P·V over all 64 rows 64 / 16 m64n256k16 ones.
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3") == 2 * d_qk // 32
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16") == 2 * 4
     assert "wgmma.mma_async.sync.aligned.m64n64k32" not in ptx  # no consumer computes all of S
-    assert "mma.sync" not in ptx and "setmaxnreg" in ptx
-    assert compiled.metadata.shared <= 227 * 1024
+
+
+@pytest.mark.skipif(not op._sparse_mla_gluon.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+@pytest.mark.parametrize("tr_cons", [True, False])
+def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tr_cons):
+    """Without a GPU: the block-pair kernel (not the op's default; see
+    ``benchmarks/experiments/sparse_mla_hopper.py``) compiles for sm_90 with either V
+    transpose, both products are FP8 wgmma (no fp16 P·V), each consumer computes the whole S
+    of its own blocks."""
+    from strictops.ops import _sparse_mla_hopper as hopper
+
+    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, tr_cons=tr_cons)
+    # Per consumer, Q·Kᵀ of a whole 64-row block is d_qk / 32 m64n64k32 instructions, written
+    # out twice (the peeled first pair and the loop); P·V is two m64n256k32 instructions
+    # (k = 64 rows), at four places (the first and second P·V, each peeled and in the loop).
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") == 4 * d_qk // 32
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3") == 2 * 4 * 2
+    assert "f16.f16" not in ptx
 
 
 @pytest.fixture(params=["auto", "triton"])
