@@ -30,15 +30,16 @@ visible to the flag's program (``docs/design/transport_pool.md``).
 
 Above 1 MiB the same kernel runs as two launches instead: the copy of every whole block, with
 no counter and no mask, then one program that copies the partial last block (if any) and
-writes the flag (GPU-scope release after a CTA barrier, as above); the stream orders the copy
-kernel before it. On sm_90+ that program is a programmatic dependent launch: it is resident
-before the copy ends, copies the partial block, and waits (``griddepcontrol.wait``) for the
-copy grid to complete and its memory to be visible, the guarantee stream order gives, before
-it writes the flag. One launch saves the second launch, most of a small publish; but every
-program of one launch adds an atomic on one counter word, which at large sizes costs more than
-the second launch (``TUNING``). Keeping the masked partial block out of the many-program copy
-kernel keeps that kernel's registers low (``ptxas`` allocates for the union of a kernel's
-paths), hence many programs per SM and many bytes in flight.
+writes the flag (a release of the consumers' scope after a CTA barrier, as above); the stream
+orders the copy kernel before it. On sm_90+ that program is a programmatic dependent launch:
+it is resident before the copy ends, copies the partial block, and waits
+(``griddepcontrol.wait``) for the copy grid to complete and its memory to be visible, the
+guarantee stream order gives, before it writes the flag. One launch saves the second launch,
+most of a small publish; but every program of one launch adds an atomic on one counter word,
+which at large sizes costs more than the second launch (``TUNING``). Keeping the masked
+partial block out of the many-program copy kernel keeps that kernel's registers low (``ptxas``
+allocates for the union of a kernel's paths), hence many programs per SM and many bytes in
+flight.
 
 The lease is read from an int64 CUDA tensor, so one captured CUDA graph publishes into a new
 lease on every replay (write the tensor, replay). Its values are checked on the device against
