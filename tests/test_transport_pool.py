@@ -418,6 +418,23 @@ def test_kernel_constants_are_local_and_match_the_layout():
     assert not op._publish_kernel.used_global_vals
 
 
+@pytest.mark.parametrize("consumers", contract.CONSUMER_PLACES)
+@pytest.mark.parametrize("nbytes", [1000, (16 << 20) + 1], ids=["one_launch", "two_launches"])
+def test_eager_launcher_passes_the_flag_scope(monkeypatch, consumers, nbytes):
+    """The pool's eager publish (the cached launcher) launches with the placement's scope: the
+    kernel's last parameter, ``SYSTEM``, in every launch."""
+    launches = []
+    monkeypatch.setattr(op, "_LAUNCHER", lambda grid, args, options, device: launches.append(args))
+    monkeypatch.setattr(op, "_has_pdl", lambda index: True)
+    pool = torch.zeros(4096, dtype=torch.uint8)
+    src = torch.zeros(nbytes, dtype=torch.uint8)
+    lease = contract.Lease(512, 1536, 1000, 2, 77, 24, 28)
+    op.launch_eager(pool, src, op.new_state("cpu"), 3, 2, lease, consumers)
+    assert len(launches) == (1 if nbytes == 1000 else 2)
+    assert _KERNEL_PARAMS[-1] == "SYSTEM"
+    assert all(args[-1] is contract.system_scope(consumers) for args in launches)
+
+
 def _sm90_ptx(**constexprs) -> str:
     """The publish kernel's PTX for sm_90, compiled without a GPU."""
     import triton
