@@ -420,10 +420,9 @@ EAGER_TWO_LAUNCHES_ABOVE = 16 << 20
 def launch_eager(pool, src, state, max_inflight_slices, consumer_count, values,
                  consumers=contract.PEERS) -> None:
     """``_launch(_publish_kernel, pool, src, state, state, ..., values=values, consumers=...)``
-    through the
-    cached launcher, on ``pool``'s device, in one launch up to ``EAGER_TWO_LAUNCHES_ABOVE``
-    bytes: the source is passed as a uint8 pointer, not a view. For validated CUDA tensors
-    only."""
+    through the cached launcher, on ``pool``'s device, in one launch up to
+    ``EAGER_TWO_LAUNCHES_ABOVE`` bytes: the source is passed as a uint8 pointer, not a view.
+    For validated CUDA tensors only."""
     src_bytes = Pointer(src.data_ptr(), torch.uint8)
     device = pool.get_device()
     nbytes = src.numel() * src.element_size()
