@@ -2,13 +2,21 @@
 
 For 64 KiB, 1 MiB, 16 MiB and 256 MiB: ours (one launch up to 1 MiB, two above; the lease
 read from a device tensor, as a captured graph does, and the lease as kernel arguments, the
-pool's eager ``copy_tensor`` path), the original path (``copy_`` into the lease, then
+pool's eager ``copy_tensor`` path; with the default placement ``consumers="peers"``, whose
+flag is released at system scope, and the same publish with ``"same_device"``, GPU scope,
+eager and in graph replay), the original path (``copy_`` into the lease, then
 ``cuStreamWriteValue32`` of the ready word), ``copy_`` alone, and the floor (bytes read +
 written over the copy bandwidth, measured between timing rounds). Device-time medians
 (``do_bench``, L2 flushed before each call) and CUDA-graph replays, in ``ROUNDS`` rounds per
 size; every publish is checked bit for bit (bytes and ready word); a tuning sweep of the
 kernel; the host wall time of an eager publish (ours and the original path's); and the
-op's bars (``BARS``, on the median over the rounds), written with the results.
+op's bars (``BARS``, on the median over the rounds, for the default placement), written
+with the results.
+
+With two GPUs, the read of a peer consumer: a process on ``cuda:1`` maps the pool (on
+``cuda:0``) as :meth:`TransportConsumer.attach` does and copies a lease out over NVLink, as its
+``receive`` does, against ``copy_`` from ``cuda:0`` to ``cuda:1`` in the same run (rows
+``... peer``; skipped with one GPU).
 
 An eager timing can include the GPU's wait for the host: ``do_bench`` fills the L2 before each
 call, and when the host takes longer to launch the publish than the GPU takes for that fill,
@@ -27,9 +35,10 @@ import statistics
 from pathlib import Path
 
 import torch
+import torch.multiprocessing as mp
 
 from strictops.meta.transport_pool import data_start
-from strictops.ops import TransportPool
+from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops import _cuda_stream
 from strictops.ops import transport_pool as m
 
@@ -59,7 +68,10 @@ TUNING = [{"block_bytes": b, "num_warps": w, "two_launches": two, **extra}
 # Timing rounds per size (see main), and the ratios each round reports: floor / time.
 ROUNDS = 3
 RATIOS = {"ours_bw_ratio": "ours_us", "ours_graph_bw_ratio": "ours_graph_us",
-          "original_graph_bw_ratio": "original_graph_us", "copy_graph_bw_ratio": "copy_graph_us"}
+          "original_graph_bw_ratio": "original_graph_us", "copy_graph_bw_ratio": "copy_graph_us",
+          "same_device_graph_bw_ratio": "same_device_graph_us"}
+# Sizes of the peer consumer's read (two GPUs).
+PEER_SIZES = [("64KiB", 64 << 10), ("256MiB", 256 << 20)]
 # The op's bars: a 64 KiB publish in at most 7 us, and at 256 MiB at least 0.95 of the
 # floor's bandwidth (graph replay, and the eager call).
 BARS = [("64KiB", "ours_graph_us", "<=", 7.0), ("256MiB", "ours_graph_bw_ratio", ">=", 0.95),
@@ -97,6 +109,9 @@ def main() -> None:
         def ours_args():
             pool._publish_lease(src, lease)
 
+        def ours_same_device():
+            copy_and_publish(pool.tensor, src, lease_t, state, SLOTS, CONSUMERS, "same_device")
+
         def original():
             # The stream current when called: under graph capture, the capturing stream (a
             # stream taken outside would run the write at capture time, not in the graph).
@@ -106,7 +121,7 @@ def main() -> None:
                                        lease.generation)
 
         exact = True
-        for publish in (ours_tensor, ours_args):
+        for publish in (ours_tensor, ours_args, ours_same_device):
             dst.zero_()
             ready.zero_()
             publish()
@@ -127,7 +142,9 @@ def main() -> None:
                  "ours_args_us": lambda: median_us(ours_args),
                  "copy_graph_us": lambda: graph_replay_us(lambda: dst.copy_(src)),
                  "original_graph_us": lambda: graph_replay_us(original),
-                 "ours_graph_us": lambda: graph_replay_us(ours_tensor)}
+                 "ours_graph_us": lambda: graph_replay_us(ours_tensor),
+                 "same_device_us": lambda: median_us(ours_same_device),
+                 "same_device_graph_us": lambda: graph_replay_us(ours_same_device)}
         # ROUNDS rounds of every timing, the copy bandwidth measured before the first and after
         # each: a round's floor is the mean of the two that bracket it, so a drift of the GPU's
         # speed during the run (seen: 1% between two runs minutes apart) moves the floor with
@@ -149,7 +166,9 @@ def main() -> None:
         row["tuning_bw_ratio"] = {k: row["floor_us"] / us for k, us in tuning_us.items()}
         row["speedup_vs_original"] = row["original_us"] / row["ours_us"]
         row["graph_speedup_vs_original"] = row["original_graph_us"] / row["ours_graph_us"]
+        row["system_scope_graph_cost_us"] = row["ours_graph_us"] - row["same_device_graph_us"]
         pool.release(lease)
+    _peer_read_rows(report, pool)
     pool.shutdown()
     rows = {r["size"]: r for r in report.rows}
     for size, key, op, goal in BARS:
@@ -161,10 +180,13 @@ def main() -> None:
                             "original_wall_us",
                             "ours_bw_ratio", "ours_graph_bw_ratio", "original_graph_bw_ratio",
                             "copy_graph_bw_ratio", "speedup_vs_original",
-                            "graph_speedup_vs_original"], plot=_plot)
+                            "graph_speedup_vs_original", "same_device_us", "same_device_graph_us",
+                            "system_scope_graph_cost_us", "peer_read_us", "peer_copy_us",
+                            "peer_read_GBps", "peer_copy_GBps", "peer_read_vs_copy"],
+                 plot=_plot)
     for bar in report.bars:
         print("bar:", bar)
-    for r in report.rows:
+    for r in (r for r in report.rows if "rounds" in r):
         print(r["size"], "rounds (floor/time, graph):",
               ", ".join(f"ours {x['ours_graph_bw_ratio']:.3f} original "
                         f"{x['original_graph_bw_ratio']:.3f} copy_ {x['copy_graph_bw_ratio']:.3f}"
@@ -173,12 +195,66 @@ def main() -> None:
               ", ".join(f"{k}={v:.3f}" for k, v in r["tuning_bw_ratio"].items()))
 
 
+def _peer_reader(handle, leases: list, out) -> None:
+    """A consumer process on ``cuda:1``: maps the pool of ``handle`` there and reports the
+    median time of copying each lease's bytes out over the mapping, as ``receive`` does."""
+    try:
+        torch.cuda.set_device(1)
+        consumer = TransportConsumer.attach(handle, 0, device=1)
+        times = {}
+        for name, lease in leases:
+            view = consumer.view(lease, torch.uint8, (lease.nbytes,))
+            dst = torch.empty(lease.nbytes, dtype=torch.uint8, device="cuda:1")
+            times[name] = median_us(lambda: dst.copy_(view))
+            if not torch.equal(dst, view):
+                raise RuntimeError(f"{name}: the bytes read over the mapping differ")
+        consumer.close()
+        out.put(times)
+    except BaseException as exc:
+        out.put(repr(exc))
+
+
+def _peer_read_rows(report: Report, pool: TransportPool) -> None:
+    """Rows ``<size> peer``: a consumer on ``cuda:1`` reading a lease of the pool on ``cuda:0``
+    over its peer mapping, against ``copy_`` from ``cuda:0`` to ``cuda:1`` (skipped with one
+    GPU, or without peer access)."""
+    if torch.cuda.device_count() < 2 or not torch.cuda.can_device_access_peer(1, 0):
+        print("peer read: skipped (needs two GPUs with peer access)")
+        return
+    leases = []
+    for name, nbytes in PEER_SIZES:
+        lease = pool.lease(nbytes)
+        pool.tensor[lease.start:lease.start + nbytes].random_(0, 256)
+        leases.append((name, lease))
+    torch.cuda.synchronize()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    reader = ctx.Process(target=_peer_reader, args=(pool.export_handle(), leases, out))
+    reader.start()
+    read_us = out.get(timeout=600)
+    reader.join(timeout=60)
+    if isinstance(read_us, str):
+        raise RuntimeError(f"peer reader: {read_us}")
+    for name, lease in leases:
+        src = pool.tensor[lease.start:lease.start + lease.nbytes]
+        dst = torch.empty(lease.nbytes, dtype=torch.uint8, device="cuda:1")
+        copy_us = median_us(lambda: dst.copy_(src))  # on cuda:0's current stream
+        report.add(size=f"{name} peer", bytes=lease.nbytes, peer_read_us=read_us[name],
+                   peer_copy_us=copy_us, peer_read_GBps=lease.nbytes / read_us[name] / 1e3,
+                   peer_copy_GBps=lease.nbytes / copy_us / 1e3,
+                   peer_read_vs_copy=copy_us / read_us[name])
+        pool.release(lease)
+
+
 def _plot(plt, report):
     series = [("floor (bytes / copy bandwidth)", "floor_us"), ("copy_ alone", "copy_us"),
               ("copy_ + cuStreamWriteValue32", "original_us"),
               ("ours, lease tensor", "ours_us"), ("ours, lease arguments", "ours_args_us"),
               ("copy_ + cuStreamWriteValue32, graph", "original_graph_us"),
-              ("ours, graph", "ours_graph_us")]
+              ("ours, graph", "ours_graph_us"),
+              ("ours, same_device (GPU-scope flag), graph", "same_device_graph_us"),
+              ("peer consumer's read over NVLink", "peer_read_us"),
+              ("copy_ cuda:0 -> cuda:1", "peer_copy_us")]
     fig, ax = grouped_bars(plt, report, "size", series, "copy_and_publish",
                            "µs (median, log scale)")
     ax.legend(fontsize=7)

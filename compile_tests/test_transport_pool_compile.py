@@ -13,6 +13,8 @@ equals eager; ``torch.library.opcheck`` passes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
@@ -34,10 +36,10 @@ OP = torch.ops.strictops.copy_and_publish.default
 SLOTS, CONSUMERS = 11, 3
 
 
-def step(pool, src, lease, state, max_inflight_slices, consumer_count):
+def step(pool, src, lease, state, max_inflight_slices, consumer_count, consumers="peers"):
     """A model step around the op: work before and after it, so the op sits mid-graph."""
     total = src.sum()
-    copy_and_publish(pool, src, lease, state, max_inflight_slices, consumer_count)
+    copy_and_publish(pool, src, lease, state, max_inflight_slices, consumer_count, consumers)
     return total + state.sum()
 
 
@@ -77,6 +79,18 @@ def test_inductor_receives_one_triton_launch_and_no_copy_of_the_source():
     # Views of the source as bytes (and back), sizes: nothing that copies or casts.
     assert tensor_ops <= {torch.ops.aten.view.default, torch.ops.aten.view.dtype,
                           torch.ops.aten.sym_size.int}, gm.code
+
+
+@pytest.mark.parametrize("consumers", contract.CONSUMER_PLACES)
+def test_the_flag_scope_is_a_constant_of_the_traced_launch(consumers):
+    """Where the consumers are is fixed at trace time: Inductor's launch carries the kernel's
+    ``SYSTEM`` constexpr (system-scope release for peers), so a graph captured from it keeps
+    that ordering on every replay."""
+    dims = dataclasses.replace(_dims(1), consumers=consumers)
+    with fake_mode():
+        [launch] = kernel_launches(aot_op_graph(OP, build(contract.valid_spec(dims))))
+    assert launch.kwargs["kwargs"]["SYSTEM"] is contract.system_scope(consumers)
+    assert launch.kwargs["kwargs"]["SYSTEM"] is (consumers == "peers")
 
 
 @pytest.mark.parametrize("rule", contract.CONTRACT.rules)

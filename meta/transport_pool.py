@@ -24,6 +24,11 @@ state : Tensor ``[STATE_WORDS]`` int32 on ``pool``'s device, zero when first use
 max_inflight_slices, consumer_count : int
     The pool's layout. Known at trace time, so the bounds the kernel checks lease values
     against cannot themselves come from device memory.
+consumers : str
+    Where the flag's observers may be (``CONSUMER_PLACES``): ``"peers"`` (the default: on
+    other GPUs too, through a peer or fabric mapping of the pool; the flag is released at
+    system scope) or ``"same_device"`` (only on the pool's GPU; a GPU-scope release). A
+    trace-time constant, so a captured graph keeps the ordering it was traced with.
 
 The op's metadata rules are below (``CHECKS``), in order; ``{name}`` is the transport's name
 (``copy_and_publish`` when the op is called directly, the pool's name from ``copy_tensor``).
@@ -43,6 +48,9 @@ OP_NAME = "copy_and_publish"
 WORD_BYTES = 4
 DATA_ALIGNMENT = 256
 MAX_GENERATION = 0x7FFFFFFF
+# Where a pool's consumers may be: the first is the default (sglang's deployment).
+PEERS, SAME_DEVICE = "peers", "same_device"
+CONSUMER_PLACES = (PEERS, SAME_DEVICE)
 
 
 class Lease(NamedTuple):
@@ -208,6 +216,13 @@ CHECKS = (
     ),
     *_descriptor_checks("lease", torch.int64, LEASE_WORDS),
     *_descriptor_checks("state", torch.int32, STATE_WORDS),
+    Check(
+        "consumers_known",
+        lambda a: a.consumers in CONSUMER_PLACES,
+        lambda consumers, name=OP_NAME, **_: (
+            f"{name} consumers must be one of {CONSUMER_PLACES}, got {consumers!r}"
+        ),
+    ),
 )
 
 CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="transport_pool", checks=CHECKS,
@@ -223,22 +238,33 @@ def _subset(rules: tuple[str, ...]) -> Contract:
 # What a pool checks when it is made (no source, lease or state yet) ...
 LAYOUT = _subset(("pool_format", "pool_aligned", "slots_positive", "consumers_positive",
                   "pool_size"))
-# ... and, per copy_tensor, before it leases a range: its layout was checked when it was made,
-# the lease values come from its own allocator (as kernel arguments) and the state row is its own.
+# ... with where its consumers are ...
+PLACEMENT = _subset(("consumers_known",))
+# ... and, per copy_tensor, before it leases a range: its layout and placement were checked when
+# it was made, the lease values come from its own allocator (as kernel arguments) and the state
+# row is its own.
 SOURCE = _subset(tuple(r for r in CONTRACT.rules
-                       if r not in LAYOUT.rules and not r.startswith(("lease_", "state_"))))
+                       if r not in LAYOUT.rules + PLACEMENT.rules
+                       and not r.startswith(("lease_", "state_"))))
 
 
 # The op's arguments, in order (``name`` only names the transport in messages).
-ARGUMENTS = ("pool", "src", "lease", "state", "max_inflight_slices", "consumer_count", "name")
+ARGUMENTS = ("pool", "src", "lease", "state", "max_inflight_slices", "consumer_count",
+             "consumers", "name")
 
 
 def validate(pool, src, lease, state, max_inflight_slices, consumer_count,
-             name: str = OP_NAME) -> None:
+             consumers: str = PEERS, name: str = OP_NAME) -> None:
     """Run the contract on real, fake or symbolic tensors; raise the first broken rule."""
     CONTRACT.validate(pool=pool, src=src, lease=lease, state=state,
                       max_inflight_slices=max_inflight_slices, consumer_count=consumer_count,
-                      name=name)
+                      consumers=consumers, name=name)
+
+
+def system_scope(consumers: str) -> bool:
+    """Whether the flag of a pool with ``consumers`` is released at system scope: unless every
+    consumer is on the pool's own GPU."""
+    return consumers != SAME_DEVICE
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,6 +282,7 @@ class Dims:
     src_shape: tuple[int, ...]
     src_dtype: torch.dtype = torch.float32
     device: str = "cuda:0"
+    consumers: str = PEERS
 
 
 def valid_spec(d: Dims) -> dict:
@@ -266,6 +293,7 @@ def valid_spec(d: Dims) -> dict:
         "state": TensorSpec((STATE_WORDS,), torch.int32, d.device),
         "max_inflight_slices": d.max_inflight_slices,
         "consumer_count": d.consumer_count,
+        "consumers": d.consumers,
     }
 
 
@@ -312,4 +340,5 @@ NEAR_MISSES = {
     "state_format": lambda s: _with(s, state={"shape": (STATE_WORDS + 1,)}),
     "state_device": lambda s: _with(s, state={"device": "cpu"}),
     "state_contiguous": lambda s: {**s, "state": s["state"].with_gap(0)},
+    "consumers_known": lambda s: {**s, "consumers": "other_gpus"},
 }

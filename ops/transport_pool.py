@@ -11,30 +11,35 @@ is visible before the flag, across programs, by a last-arrival counter: each pro
 blocks, passes a CTA barrier (``tl.debug_barrier``: every thread's stores precede what thread 0
 does next) and adds 1 to ``state[ARRIVALS]`` with acquire-release semantics at GPU scope (a
 release of the CTA's stores, and an acquire of those of every program that arrived before it).
-The program that arrives last therefore sees every byte of the copy; it resets the counter to 0
-for the next launch and writes the flag with a release at GPU scope, which orders the whole
-copy before the flag for every observer on this GPU. This is the pattern of CUDA's own
+The program that arrives last therefore sees every byte of the copy; it writes the flag with a
+release and then resets the counter to 0 for the next launch. This is the pattern of CUDA's own
 grid-wide barrier (bar.sync, then one thread's fenced atomic). The counter is per ``state``
 tensor: two publishes that may run concurrently need two ``state`` tensors (the pool keeps one
 per slot).
 
-GPU scope is enough when every observer of the flag is on the pool's GPU: a consumer's
-``cuStreamWaitValue32`` waits on that GPU for the word in that GPU's memory, and the kernels it
-releases read the bytes on that GPU, through the same L2 the release orders them in. A reader
-on another device or on the host needs system scope (which costs more at the release:
-``docs/design/transport_pool.md``).
+The flag's release has the scope of ``consumers``, a trace-time constant (the kernel's
+``SYSTEM`` constexpr). ``"peers"``, the default: system scope (``st.release.sys``), which orders
+the whole copy before the flag for every observer, on this GPU, on a peer GPU that maps the
+pool (a consumer that waits for the word with ``cuStreamWaitValue32`` on its own device and
+reads the bytes over NVLink), or on the host; ``cuStreamWriteValue32``, which the original
+uses, puts a system-wide barrier before its write for the same reason. ``"same_device"``: GPU
+scope (``st.release.gpu``), enough when every consumer waits and reads on the pool's GPU, and
+cheaper. Only the flag needs the wider scope: a release is cumulative, so it orders every
+write that precedes it, including the other programs' bytes that the GPU-scope arrivals made
+visible to the flag's program (``docs/design/transport_pool.md``).
 
 Above 1 MiB the same kernel runs as two launches instead: the copy of every whole block, with
 no counter and no mask, then one program that copies the partial last block (if any) and
-writes the flag (GPU-scope release after a CTA barrier, as above); the stream orders the copy
-kernel before it. On sm_90+ that program is a programmatic dependent launch: it is resident
-before the copy ends, copies the partial block, and waits (``griddepcontrol.wait``) for the
-copy grid to complete and its memory to be visible, the guarantee stream order gives, before
-it writes the flag. One launch saves the second launch, most of a small publish; but every
-program of one launch adds an atomic on one counter word, which at large sizes costs more than
-the second launch (``TUNING``). Keeping the masked partial block out of the many-program copy
-kernel keeps that kernel's registers low (``ptxas`` allocates for the union of a kernel's
-paths), hence many programs per SM and many bytes in flight.
+writes the flag (a release of the consumers' scope after a CTA barrier, as above); the stream
+orders the copy kernel before it. On sm_90+ that program is a programmatic dependent launch:
+it is resident before the copy ends, copies the partial block, and waits
+(``griddepcontrol.wait``) for the copy grid to complete and its memory to be visible, the
+guarantee stream order gives, before it writes the flag. One launch saves the second launch,
+most of a small publish; but every program of one launch adds an atomic on one counter word,
+which at large sizes costs more than the second launch (``TUNING``). Keeping the masked
+partial block out of the many-program copy kernel keeps that kernel's registers low (``ptxas``
+allocates for the union of a kernel's paths), hence many programs per SM and many bytes in
+flight.
 
 The lease is read from an int64 CUDA tensor, so one captured CUDA graph publishes into a new
 lease on every replay (write the tensor, replay). Its values are checked on the device against
@@ -110,17 +115,37 @@ KERNEL_CONSTANTS = {
 
 
 @triton.jit
-def _release_store(ptr, value):
-    """``*ptr = value`` by thread 0 of the program, a release store at GPU scope
-    (``st.release.gpu``): the ordering of ``tl.atomic_xchg(ptr, value, sem="release")``
-    without its reply, which the program waits for before it can end. Inline PTX, so only
-    for a kernel launched for real (``PTX``): the interpreter runs none, and Inductor's
-    analysis of a wrapped kernel's mutations takes any non-pure inline asm to write every
-    argument."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred first; .reg .b32 tid; mov.u32 tid, %tid.x; setp.eq.u32 first, tid, 0;"
-        " @first st.release.gpu.global.b32 [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+def _release_store(ptr, value, SYSTEM: tl.constexpr):
+    """``*ptr = value`` by thread 0 of the program, a release store at system scope
+    (``st.release.sys``, ``SYSTEM``) or GPU scope (``st.release.gpu``): the ordering of
+    ``tl.atomic_xchg(ptr, value, sem="release", scope=...)`` without its reply, which the
+    program waits for before it can end. Inline PTX, so only for a kernel launched for real
+    (``PTX``): the interpreter runs none, and Inductor's analysis of a wrapped kernel's
+    mutations takes any non-pure inline asm to write every argument."""
+    if SYSTEM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred first; .reg .b32 tid; mov.u32 tid, %tid.x; setp.eq.u32 first, tid, 0;"
+            " @first st.release.sys.global.b32 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred first; .reg .b32 tid; mov.u32 tid, %tid.x; setp.eq.u32 first, tid, 0;"
+            " @first st.release.gpu.global.b32 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _publish_flag(ready_ptr, generation, SYSTEM: tl.constexpr, PTX: tl.constexpr):
+    """Write the flag: ``*ready_ptr = generation`` (int32) with a release at system scope
+    (``SYSTEM``) or GPU scope; by :func:`_release_store` in a real launch (``PTX``), else by a
+    release exchange of the same scope (Inductor's wrapped kernel; the interpreter, which runs
+    programs one after another, so any order holds there)."""
+    if PTX:
+        _release_store(ready_ptr, generation, SYSTEM)
+    elif SYSTEM:
+        tl.atomic_xchg(ready_ptr, generation, sem="release", scope="sys")
+    else:
+        tl.atomic_xchg(ready_ptr, generation, sem="release", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["start_arg", "end_arg", "nbytes_arg", "slot_arg",
@@ -147,6 +172,7 @@ def _publish_kernel(
     PHASE: tl.constexpr,
     PDL: tl.constexpr,
     PTX: tl.constexpr,
+    SYSTEM: tl.constexpr,
 ):
     """One phase of a publish: ``PHASE_BOTH`` (one launch), or ``PHASE_COPY`` then
     ``PHASE_FLAG`` (two).
@@ -178,6 +204,10 @@ def _publish_kernel(
 
     ``PTX``: launched for real (the JIT kernel, not wrapped for Inductor nor interpreted): the
     flag is written by :func:`_release_store` rather than a release exchange.
+
+    ``SYSTEM``: the flag's release is at system scope (consumers may be on other devices),
+    else at GPU scope (:func:`_publish_flag`). Either way the arrivals stay at GPU scope: every
+    program is on this GPU.
 
     pool_ptr: ``[memory_size]`` uint8, 256-byte aligned.
     src_ptr: ``[src_nbytes]`` uint8 (the source's bytes).
@@ -261,11 +291,7 @@ def _publish_kernel(
             tl.debug_barrier()
             arrived = tl.atomic_add(state_ptr + _ARRIVALS, 1, sem="acq_rel", scope="gpu")
             if arrived == tl.num_programs(0) - 1:
-                if PTX:
-                    _release_store(ready_ptr, generation.to(tl.int32))
-                else:
-                    tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release",
-                                   scope="gpu")
+                _publish_flag(ready_ptr, generation.to(tl.int32), SYSTEM, PTX)
                 # The counter back to 0 after the flag, not before: the flag's release would
                 # wait for that write to complete first. Every program has arrived, and the
                 # next publish on this state follows in stream order, so a plain store does
@@ -300,10 +326,7 @@ def _publish_kernel(
             if PDL:
                 gdc_wait()
             tl.debug_barrier()
-            if PTX:
-                _release_store(ready_ptr, generation.to(tl.int32))
-            else:
-                tl.atomic_xchg(ready_ptr, generation.to(tl.int32), sem="release", scope="gpu")
+            _publish_flag(ready_ptr, generation.to(tl.int32), SYSTEM, PTX)
         else:
             tl.atomic_add(state_ptr + _ERRORS, 1, sem="relaxed", scope="gpu")
 
@@ -323,9 +346,11 @@ TUNING = {"one_launch": {"block_bytes": 4096, "num_warps": 4},
 
 
 def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
-            values: Optional[Sequence[int]] = None, two_launches=None, **tuning):
+            values: Optional[Sequence[int]] = None, two_launches=None,
+            consumers: str = contract.PEERS, **tuning):
     """Launch ``kernel`` (JIT, wrapped or interpreted) on validated inputs; ``values``: the
-    lease's fields on the host (``lease`` is then not read). ``two_launches`` and ``tuning``
+    lease's fields on the host (``lease`` is then not read); ``consumers``: the flag's scope
+    (:func:`strictops.meta.transport_pool.system_scope`). ``two_launches`` and ``tuning``
     (``block_bytes``: a power of two, at least 16; ``num_warps``; with two launches
     ``flag_num_warps`` and ``pdl``) override ``TUNING``; ``pdl`` only ever applies to a real
     launch on an sm_90+ device (:func:`_pdl_launch`). Returns what the launches return
@@ -334,14 +359,15 @@ def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count
     launched = []
     for grid, args, options in _launches(kernel, pool, src_bytes, src_bytes.shape[0], lease,
                                          state, max_inflight_slices, consumer_count, values,
-                                         two_launches, **tuning):
+                                         two_launches, consumers, **tuning):
         runtime, constexprs = keyword_constexprs(_LAUNCHER.fn, args)
         launched.append(kernel[grid](*runtime, **constexprs, **dict(options)))
     return launched
 
 
 def _launches(kernel, pool, src_bytes, src_nbytes, lease, state, max_inflight_slices,
-              consumer_count, values, two_launches=None, **tuning) -> list:
+              consumer_count, values, two_launches=None, consumers=contract.PEERS,
+              **tuning) -> list:
     """The launches of one publish (see :func:`_launch`) as ``(grid, every kernel parameter
     in signature order, launch options)``; ``src_bytes``: the source as uint8 (a view, or a
     :class:`~strictops.ops._launcher.Pointer`), ``src_nbytes`` bytes."""
@@ -363,12 +389,13 @@ def _launches(kernel, pool, src_bytes, src_nbytes, lease, state, max_inflight_sl
     pdl = two_launches and _pdl_launch(kernel, pool, tuning.get("pdl", False))
     lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
     # Every constexpr, PDL=False included: Inductor's analysis of a wrapped kernel's mutations
-    # takes no default. PTX: the inline-PTX flag store, for the JIT kernel only.
+    # takes no default. PTX: the inline-PTX flag store, for the JIT kernel only. SYSTEM: the
+    # flag's release at system scope.
     head = (pool, src_bytes, lease, state, pool.shape[0], src_nbytes,
             contract.data_start(max_inflight_slices, consumer_count),
             contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args,
             values is None, block)
-    tail = (pdl, kernel is _publish_kernel)
+    tail = (pdl, kernel is _publish_kernel, contract.system_scope(consumers))
     if not two_launches:
         grid = ((src_nbytes + block - 1) // block,)
         return [(grid, (*head, PHASE_BOTH, *tail), (("num_warps", tuning["num_warps"]),))]
@@ -390,17 +417,18 @@ _LAUNCHER = Launcher(_publish_kernel)
 EAGER_TWO_LAUNCHES_ABOVE = 16 << 20
 
 
-def launch_eager(pool, src, state, max_inflight_slices, consumer_count, values) -> None:
-    """``_launch(_publish_kernel, pool, src, state, state, ..., values=values)`` through the
-    cached launcher, on ``pool``'s device, in one launch up to ``EAGER_TWO_LAUNCHES_ABOVE``
-    bytes: the source is passed as a uint8 pointer, not a view. For validated CUDA tensors
-    only."""
+def launch_eager(pool, src, state, max_inflight_slices, consumer_count, values,
+                 consumers=contract.PEERS) -> None:
+    """``_launch(_publish_kernel, pool, src, state, state, ..., values=values, consumers=...)``
+    through the cached launcher, on ``pool``'s device, in one launch up to
+    ``EAGER_TWO_LAUNCHES_ABOVE`` bytes: the source is passed as a uint8 pointer, not a view.
+    For validated CUDA tensors only."""
     src_bytes = Pointer(src.data_ptr(), torch.uint8)
     device = pool.get_device()
     nbytes = src.numel() * src.element_size()
     for grid, args, options in _launches(_publish_kernel, pool, src_bytes, nbytes, state, state,
                                          max_inflight_slices, consumer_count, values,
-                                         nbytes > EAGER_TWO_LAUNCHES_ABOVE):
+                                         nbytes > EAGER_TWO_LAUNCHES_ABOVE, consumers):
         _LAUNCHER(grid, args, options, device)
 
 
@@ -416,12 +444,14 @@ def _has_pdl(device_index: int) -> bool:
     return device_capability(device_index) >= (9, 0)
 
 
-def _validate_and_launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count):
-    contract.validate(pool, src, lease, state, max_inflight_slices, consumer_count)
+def _validate_and_launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
+                         consumers):
+    contract.validate(pool, src, lease, state, max_inflight_slices, consumer_count, consumers)
     # A real launch goes to the pool's device; a wrapped kernel (tracing) is only recorded.
     real = kernel is _publish_kernel
     with on_device_of(pool, real):
-        _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count)
+        _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count,
+                consumers=consumers)
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -432,11 +462,12 @@ def _copy_and_publish(
     state: torch.Tensor,
     max_inflight_slices: int,
     consumer_count: int,
+    consumers: str = contract.PEERS,
 ) -> None:
     # The body is also the fake: under fake tensors the launch is recorded, not run
     # (wrap_triton returns the kernel itself outside tracing).
     _validate_and_launch(wrap_triton(_publish_kernel), pool, src, lease, state,
-                         max_inflight_slices, consumer_count)
+                         max_inflight_slices, consumer_count, consumers)
 
 
 def copy_and_publish(
@@ -446,6 +477,7 @@ def copy_and_publish(
     state: torch.Tensor,
     max_inflight_slices: int,
     consumer_count: int,
+    consumers: str = contract.PEERS,
 ) -> None:
     """Copy ``src``'s first ``nbytes`` bytes into the lease's range of ``pool``, then write
     the lease's generation into its ready word; one launch (two above 1 MiB), no host sync,
@@ -465,6 +497,10 @@ def copy_and_publish(
         ``state[1]`` counts refused leases. Publishes that may overlap need separate states.
     max_inflight_slices, consumer_count : int
         The pool's layout.
+    consumers : str
+        ``"peers"`` (default): consumers may wait and read on other GPUs (or the host), and
+        the flag is released at system scope; ``"same_device"``: every consumer is on
+        ``pool``'s GPU, a GPU-scope release. A trace-time constant.
 
     Notes
     -----
@@ -479,11 +515,11 @@ def copy_and_publish(
     """
     if can_skip_dispatcher(pool, src, lease, state):
         _validate_and_launch(_publish_kernel, pool, src, lease, state, max_inflight_slices,
-                             consumer_count)
+                             consumer_count, consumers)
         torch.autograd.graph.increment_version((pool, state))  # as the dispatcher does
         return
     torch.ops.strictops.copy_and_publish(pool, src, lease, state, max_inflight_slices,
-                                         consumer_count)
+                                         consumer_count, consumers)
 
 
 def new_state(device) -> torch.Tensor:
@@ -492,7 +528,7 @@ def new_state(device) -> torch.Tensor:
 
 
 def launch_interpreted(pool, src, lease, state, max_inflight_slices, consumer_count,
-                       reverse_programs=False, **tuning):
+                       consumers=contract.PEERS, reverse_programs=False, **tuning):
     """Run the kernel through the Triton interpreter on CPU tensors (tests, self-check).
 
     ``lease`` may be a tensor (read by the kernel) or a :class:`Lease` / sequence of ints
@@ -503,14 +539,16 @@ def launch_interpreted(pool, src, lease, state, max_inflight_slices, consumer_co
     lease_t = state if values is not None else lease
     with interpreted(_publish_kernel, reverse_programs) as kernel:
         _launch(kernel, pool, src, lease_t, state, max_inflight_slices, consumer_count,
-                values=values, **tuning)
+                values=values, consumers=consumers, **tuning)
 
 
-def reference(pool, src, lease, state, max_inflight_slices, consumer_count):
+def reference(pool, src, lease, state, max_inflight_slices, consumer_count,
+              consumers=contract.PEERS):
     """Plain-PyTorch reference: new ``(pool, state)`` equal to the op's result.
 
     ``lease`` may be a tensor or a sequence of ints (as :func:`launch_interpreted`). A copy is
-    exact, so no upcast is needed.
+    exact, so no upcast is needed; ``consumers`` changes only the flag's ordering, not what
+    is written.
     """
     pool_out, state_out = pool.clone(), state.clone()
     values = lease.tolist() if isinstance(lease, torch.Tensor) else list(lease)

@@ -7,6 +7,12 @@ wait for that word in stream order, read the bytes and write the generation into
 word; a range is free again once every consumer has acknowledged. The layout and the lease
 format are in :mod:`strictops.meta.transport_pool`.
 
+The pool lives on the producer's GPU; a consumer may sit on another GPU (sglang's tensor-parallel
+ranks, one per GPU): it maps the pool on its own device (a peer mapping over NVLink), waits and
+acknowledges on its own device's stream, and reads the bytes over the mapping. The pool's
+``consumers`` (``"peers"``, the default, or ``"same_device"``) sets the scope at which the
+publish releases the ready word, so that a peer sees the bytes before the word.
+
 :class:`LeaseAllocator` (pure Python: best-fit 256-byte-aligned ranges, merged when freed,
 slots with generations), :class:`TransportPool` (the producer: pool tensor, ``copy_tensor``,
 recycler, ``cancel_lease``, IPC export) and :class:`TransportConsumer` (wait, read,
@@ -43,6 +49,7 @@ from strictops.meta.transport_pool import (
 from . import _cuda_stream
 from ._launcher import Pointer
 from ._transport_faults import ConsumerRegistry, WaitWatchdog, default_timeout, warm_up
+from ._transport_peers import check_placement, device_index, open_mapped
 from .transport_pool import copy_and_publish, launch_eager
 
 # copy_tensor's checks of its source, cached per metadata signature (the pool's layout was
@@ -195,7 +202,8 @@ class PoolHandle:
     ``torch.multiprocessing`` queue or pipe). ``rebuild(*args)`` opens the pool's CUDA IPC
     handle (``torch.multiprocessing.reductions.reduce_tensor``); ``registry`` names the pool's
     consumer registry (host shared memory); ``wait_timeout`` is the pool's default timeout of
-    a consumer's wait (None: the environment's, or 60 s)."""
+    a consumer's wait (None: the environment's, or 60 s); ``device`` is the pool's CUDA device
+    index and ``consumers`` its placement (``TransportPool``)."""
 
     rebuild: Callable[..., torch.Tensor]
     args: tuple
@@ -204,6 +212,8 @@ class PoolHandle:
     name: str
     registry: Optional[str] = None
     wait_timeout: Optional[float] = None
+    device: Optional[int] = None
+    consumers: str = contract.PEERS
 
 
 class TransportPool:
@@ -239,6 +249,11 @@ class TransportPool:
     liveness_interval : float or None
         Seconds between checks, during :meth:`recycle`, that each attached consumer's process
         still runs (a dead one is dropped: :meth:`drop_consumer`); None: no checks.
+    consumers : str
+        Where the consumers may be: ``"peers"`` (default, as sglang deploys the pool: each on
+        its own GPU, or on the pool's), whose publishes release the ready word at system
+        scope; or ``"same_device"``, every consumer on the pool's GPU (a GPU-scope release,
+        cheaper; :meth:`TransportConsumer.attach` then refuses a consumer on another device).
 
     The constructor takes sglang's ``StreamOrderedMmFeaturePool`` keywords (``byte_tensor``,
     ``base_address``, ``device_id``, ``transport_name``) beside its own.
@@ -250,7 +265,8 @@ class TransportPool:
                  max_inflight_slices: int = DEFAULT_MAX_INFLIGHT_SLICES,
                  recycle_interval: Optional[float] = 0.005, name: str = "CUDA IPC",
                  transport_name: Optional[str] = None, wait_timeout: Optional[float] = None,
-                 liveness_interval: Optional[float] = 0.1) -> None:
+                 liveness_interval: Optional[float] = 0.1,
+                 consumers: str = contract.PEERS) -> None:
         if transport_name is not None:
             if name not in ("CUDA IPC", transport_name):
                 raise ValueError(f"name={name!r} and transport_name={transport_name!r} disagree")
@@ -271,6 +287,7 @@ class TransportPool:
         contract.LAYOUT.validate(pool=torch.empty(memory_size, dtype=torch.uint8, device="meta"),
                                  max_inflight_slices=max_inflight_slices,
                                  consumer_count=consumer_count, name=name)
+        contract.PLACEMENT.validate(consumers=consumers, name=name)
         self.device = torch.device(device if device is not None else "cuda")
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -278,6 +295,7 @@ class TransportPool:
         self.memory_size = memory_size
         self.max_inflight_slices = max_inflight_slices
         self.consumer_count = consumer_count
+        self.consumers = consumers
         self.wait_timeout = wait_timeout
         self.allocator = LeaseAllocator(memory_size, max_inflight_slices, consumer_count, name)
         if byte_tensor is None:
@@ -341,7 +359,7 @@ class TransportPool:
         """:func:`copy_and_publish` into this pool: ``lease`` and ``state`` are device tensors,
         so this call can be captured in a CUDA graph and replayed into new leases."""
         copy_and_publish(self.tensor, src, lease, state, self.max_inflight_slices,
-                         self.consumer_count)
+                         self.consumer_count, self.consumers)
 
     def copy_tensor(self, tensor: torch.Tensor
                     ) -> tuple[Optional[Lease], Optional[torch.Tensor]]:
@@ -369,7 +387,7 @@ class TransportPool:
         # device first), with the slot's own state row (its address: no view per call).
         state = Pointer(self._state_address + lease.slot * STATE_WORDS * WORD_BYTES, torch.int32)
         launch_eager(self.tensor, source, state, self.max_inflight_slices, self.consumer_count,
-                     lease)
+                     lease, self.consumers)
 
     def cancel_lease(self, lease: Optional[Lease] = None, *,
                      ready_byte_offset: Optional[int] = None,
@@ -452,7 +470,8 @@ class TransportPool:
 
         rebuild, args = reduce_tensor(self.tensor)
         return PoolHandle(rebuild, args, self.max_inflight_slices, self.consumer_count,
-                          self.name, self.registry.name, self.wait_timeout)
+                          self.name, self.registry.name, self.wait_timeout, self.device.index,
+                          self.consumers)
 
     def shutdown(self) -> None:
         """Stop the recycler thread (leases stay as they are) and remove the consumer
@@ -498,7 +517,7 @@ def _control_words(pool: torch.Tensor, max_inflight_slices: int,
 
 class TransportConsumer:
     """One consumer's side of a pool: wait for a lease, read it, acknowledge it, all in stream
-    order on the caller's current stream (no host polling).
+    order on the current stream of the consumer's device, ``pool``'s (no host polling).
 
     A wait is armed with a timeout: if the lease is not published by then, the consumer's
     watchdog releases the stream (the ready word becomes the abort word, see
@@ -509,7 +528,9 @@ class TransportConsumer:
     Parameters
     ----------
     pool : torch.Tensor
-        The pool (``[memory_size]`` uint8 CUDA), shared or the producer's own.
+        The pool (``[memory_size]`` uint8 CUDA) as this consumer maps it: the producer's own
+        tensor, or the pool's IPC handle opened on the consumer's device (:meth:`attach`),
+        which is then this consumer's device (its streams, its watchdog's launches).
     rank : int
         This consumer's ack word, ``0 <= rank < consumer_count``.
     max_inflight_slices, consumer_count : int
@@ -546,16 +567,26 @@ class TransportConsumer:
             warm_up(pool.device)
 
     @classmethod
-    def attach(cls, handle: PoolHandle, rank: int) -> "TransportConsumer":
-        """Open the pool of another process through its :meth:`TransportPool.export_handle`;
-        refused (``RuntimeError``) for a rank the producer dropped."""
+    def attach(cls, handle: PoolHandle, rank: int, device=None) -> "TransportConsumer":
+        """Open the pool of another process through its :meth:`TransportPool.export_handle`,
+        mapped on ``device`` (a CUDA device or its index; default: the current device): the
+        consumer waits, reads and acknowledges there, on that device's current stream, reading
+        the bytes over a peer mapping when the pool is on another GPU. (A handle that names no
+        device, made by hand, is opened as its ``rebuild`` opens it.)
+
+        Raises ``RuntimeError``, before the rank is taken, when ``device`` cannot map the
+        pool's device (``torch.cuda.can_device_access_peer``) or the pool was made for
+        consumers on its own device only; and for a rank the producer dropped."""
+        index = None if device is None and handle.device is None else device_index(device)
+        if index is not None:
+            check_placement(handle, index)
         registry = None
         if handle.registry is not None:
             registry = ConsumerRegistry(handle.consumer_count, handle.max_inflight_slices,
                                         handle.registry)
             registry.attach(rank, handle.name)
-        return cls(handle.rebuild(*handle.args), rank=rank,
-                   max_inflight_slices=handle.max_inflight_slices,
+        pool = handle.rebuild(*handle.args) if index is None else open_mapped(handle, index)
+        return cls(pool, rank=rank, max_inflight_slices=handle.max_inflight_slices,
                    consumer_count=handle.consumer_count, name=handle.name, registry=registry,
                    wait_timeout=handle.wait_timeout)
 
@@ -638,3 +669,4 @@ class TransportConsumer:
         """Stop the watchdog thread (waits still armed are no longer watched)."""
         if self._watchdog is not None:
             self._watchdog.close()
+

@@ -12,7 +12,8 @@ sizes and a pool that fills up, for compute-sanitizer (run by .ci/gpu for every
    power-of-two block size from 256 bytes up (whatever the launch's tuning): the reference
    again; then, for each size, one- and two-launch publishes forced at 4 KiB and 16 KiB blocks
    of the whole source and of a lease 17 bytes short of it (the two-launch flag program copies
-   the partial last block of ``nbytes``, not of the source).
+   the partial last block of ``nbytes``, not of the source); the plain publishes with the flag
+   released at system scope (consumers on peers, the default) and at GPU scope.
 3. The runtime (needs cuda-bindings): ``copy_tensor`` until the pool refuses ``(None, None)``,
    consumers wait, read and acknowledge some leases in stream order, ``cancel_lease`` the
    others, and every lease is recycled; each received tensor equals its source. Then the
@@ -30,19 +31,21 @@ from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops import transport_pool as op
 
 
-def _publish_and_check(pool, src, lease, slots, consumers, as_tensor: bool, **tuning) -> None:
+def _publish_and_check(pool, src, lease, slots, consumers, as_tensor: bool,
+                       placement: str = "peers", **tuning) -> None:
     state = op.new_state("cuda")
     expected = op.reference(pool, src, lease, state, slots, consumers)
     if as_tensor and not tuning:
-        copy_and_publish(pool, src, torch.tensor(lease, device="cuda"), state, slots, consumers)
+        copy_and_publish(pool, src, torch.tensor(lease, device="cuda"), state, slots, consumers,
+                         placement)
     elif as_tensor:  # the op's kernel with a forced tuning
         with torch.cuda.device(pool.device):
             op._launch(op._publish_kernel, pool, src, torch.tensor(lease, device="cuda"), state,
-                       slots, consumers, **tuning)
+                       slots, consumers, consumers=placement, **tuning)
     else:  # the pool's own eager path: the lease's fields as kernel arguments
         with torch.cuda.device(pool.device):
             op._launch(op._publish_kernel, pool, src, state, state, slots, consumers,
-                       values=lease, **tuning)
+                       values=lease, consumers=placement, **tuning)
     assert torch.equal(pool, expected[0]) and torch.equal(state, expected[1]), lease
 
 
@@ -78,8 +81,10 @@ def _awkward_sources(gen) -> int:
         ready = 2 * slot_bytes(consumers)
         lease = Lease(start0, memory_size, nbytes, 2, 11 + cases, ready, ready + 4)
         for as_tensor in (True, False):
-            _publish_and_check(pool, src, lease, slots, consumers, as_tensor)
-            cases += 1
+            for placement in ("peers", "same_device"):  # the flag's release scope
+                _publish_and_check(pool, src, lease._replace(generation=11 + cases), slots,
+                                   consumers, as_tensor, placement)
+                cases += 1
         for short in (0, 17) if nbytes > 17 else (0,):
             for block_bytes in (4096, 16384):
                 # One launch, then two: with the flag launch a programmatic dependent launch

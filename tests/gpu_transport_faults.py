@@ -1,7 +1,12 @@
-"""Fault injection for the transport pool on one GPU, with processes (run by
-``tests/test_transport_runtime.py`` on a GPU; needs cuda-bindings).
+"""Fault injection for the transport pool, with processes (run by
+``tests/test_transport_runtime.py`` on one GPU and on two; needs cuda-bindings).
 
-    python tests/gpu_transport_faults.py SCENARIO
+    python tests/gpu_transport_faults.py SCENARIO [--consumer-devices 1 0]
+
+The pool is on ``cuda:0``; consumer process ``r`` maps it on ``cuda:{consumer_devices[r]}``
+(default: both on ``cuda:0``), so with ``1 0`` consumer 0 is a peer on a second GPU: its waits
+and acks run on its own device, and its watchdog's abort goes to the pool's ready word through
+its peer mapping.
 
 consumer-killed
     One producer streams 2,000 1 MiB tensors through a pool of 16 slots to two consumer
@@ -29,6 +34,7 @@ its stack and exits if it runs past ``LIMIT_S``, so a hang fails instead of hang
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import os
 import queue
@@ -59,14 +65,14 @@ def _bounded() -> None:
     faulthandler.dump_traceback_later(LIMIT_S, exit=True)
 
 
-def _consumer(rank: int, inbox, outbox) -> None:
+def _consumer(rank: int, device: int, inbox, outbox) -> None:
     """Attach with the first message; then for each ``(i, lease, numel, expected)``: receive,
     synchronize, check. Reports ``(rank, i, ok, seconds)`` per lease, with ``ok`` "timeout"
     when the wait was aborted; ends on None, or when nothing comes for 5 s."""
     _bounded()
     try:
-        torch.cuda.set_device(0)
-        reader = TransportConsumer.attach(inbox.get(timeout=60), rank)
+        torch.cuda.set_device(device)
+        reader = TransportConsumer.attach(inbox.get(timeout=60), rank, device=device)
         while True:
             try:
                 msg = inbox.get(timeout=5)
@@ -89,12 +95,17 @@ def _consumer(rank: int, inbox, outbox) -> None:
         outbox.put((rank, "error", traceback.format_exc(), 0.0))
 
 
+# Where each consumer process maps the pool (set from the command line).
+CONSUMER_DEVICES = [0, 0]
+
+
 def _start_consumers(ctx, count: int):
     """Consumer processes, each with its own inbox and outbox: a process killed while it holds
     a queue's lock must not block the others' queues."""
     inboxes = [ctx.Queue() for _ in range(count)]
     outboxes = [ctx.Queue() for _ in range(count)]
-    procs = [ctx.Process(target=_consumer, args=(r, inboxes[r], outboxes[r]))
+    procs = [ctx.Process(target=_consumer, args=(r, CONSUMER_DEVICES[r], inboxes[r],
+                                                 outboxes[r]))
              for r in range(count)]
     for p in procs:
         p.start()
@@ -317,7 +328,14 @@ SCENARIOS = {"consumer-killed": consumer_killed, "producer-killed": producer_kil
 
 def main() -> int:
     _bounded()
-    scenario = sys.argv[1]
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    ap.add_argument("--consumer-devices", type=int, nargs=2, default=CONSUMER_DEVICES)
+    args = ap.parse_args()
+    scenario = args.scenario
+    CONSUMER_DEVICES[:] = args.consumer_devices
+    if scenario == "wrong-acks" and CONSUMER_DEVICES != [0, 0]:
+        raise SystemExit("wrong-acks runs its consumers in the producer's process, on cuda:0")
     errors: list[str] = []
     start = time.monotonic()
     SCENARIOS[scenario](errors)

@@ -3,9 +3,11 @@
 CPU (CI): every contract message on fake CUDA tensors and every runtime message, pinned with
 expecttest; near misses raise the same error on the eager path (concrete sizes) and the fake
 path (symbolic sizes); the kernel under the Triton interpreter equals the reference for any lease
-values (nothing written outside a fitting lease, a refused lease counted). GPU (``-m gpu``):
-the pool's publish, wait, acknowledge and recycle on one device, a full pool that recovers, and
-one producer with two consumer processes over CUDA IPC (``tests/gpu_transport_ipc.py``).
+values (nothing written outside a fitting lease, a refused lease counted); the flag's release
+scope for each consumer placement in sm_90 PTX. GPU (``-m gpu``): the pool's publish, wait,
+acknowledge and recycle on one device, a full pool that recovers, and one producer with two
+consumer processes over CUDA IPC (``tests/gpu_transport_ipc.py``): both on the pool's GPU, and
+(``-m multi_gpu``) one of them on a second GPU.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from strictops.meta.testing import (
     build,
     fake_mode,
     gpu,
+    multi_gpu,
     near_miss_message,
     raised,
 )
@@ -105,6 +108,9 @@ class TestMessages(expecttest.TestCase):
     def test_state_contiguous(self):
         self.assertExpectedInline(_message_on_fake("state_contiguous"), """copy_and_publish state must be contiguous""")
 
+    def test_consumers_known(self):
+        self.assertExpectedInline(_message_on_fake("consumers_known"), """copy_and_publish consumers must be one of ('peers', 'same_device'), got 'other_gpus'""")
+
     def test_every_rule_has_a_pinned_message(self):
         assert_every_rule_pinned(self, contract)  # near misses: tests/test_registry.py
 
@@ -131,6 +137,7 @@ CUDA IPC cannot transport an empty tensor""")
 
     def test_pool_arguments(self):
         self.assertExpectedInline(str(raised(TransportPool, memory_size=0)), """memory_size must be positive""")
+        self.assertExpectedInline(str(raised(TransportPool, memory_size=1 << 20, consumers="gpu")), """CUDA IPC consumers must be one of ('peers', 'same_device'), got 'gpu'""")
         self.assertExpectedInline(
             str(raised(TransportPool, memory_size=1 << 20, recycle_interval=0.0)), """recycle_interval must be positive""")
         self.assertExpectedInline(
@@ -370,6 +377,7 @@ def test_launch_passes_every_kernel_parameter_and_pdl_only_when_real(monkeypatch
         assert sorted(names) == sorted(_KERNEL_PARAMS)
         assert kwargs["PDL"] is pdl
         assert kwargs["PTX"] is real
+        assert kwargs["SYSTEM"] is True  # the default placement: peers
         assert kwargs.get("launch_pdl", False) is (pdl and i == 1)  # the flag launch only
 
 
@@ -408,6 +416,64 @@ def test_kernel_constants_are_local_and_match_the_layout():
     assert local == op.KERNEL_CONSTANTS
     op._publish_kernel.cache_key  # noqa: B018 (computes the kernel's dependencies)
     assert not op._publish_kernel.used_global_vals
+
+
+@pytest.mark.parametrize("consumers", contract.CONSUMER_PLACES)
+@pytest.mark.parametrize("nbytes", [1000, (16 << 20) + 1], ids=["one_launch", "two_launches"])
+def test_eager_launcher_passes_the_flag_scope(monkeypatch, consumers, nbytes):
+    """The pool's eager publish (the cached launcher) launches with the placement's scope: the
+    kernel's last parameter, ``SYSTEM``, in every launch."""
+    launches = []
+    monkeypatch.setattr(op, "_LAUNCHER", lambda grid, args, options, device: launches.append(args))
+    monkeypatch.setattr(op, "_has_pdl", lambda index: True)
+    pool = torch.zeros(4096, dtype=torch.uint8)
+    src = torch.zeros(nbytes, dtype=torch.uint8)
+    lease = contract.Lease(512, 1536, 1000, 2, 77, 24, 28)
+    op.launch_eager(pool, src, op.new_state("cpu"), 3, 2, lease, consumers)
+    assert len(launches) == (1 if nbytes == 1000 else 2)
+    assert _KERNEL_PARAMS[-1] == "SYSTEM"
+    assert all(args[-1] is contract.system_scope(consumers) for args in launches)
+
+
+def _sm90_ptx(**constexprs) -> str:
+    """The publish kernel's PTX for sm_90, compiled without a GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    ints = {"memory_size": "i64", "src_nbytes": "i64", "data_start": "i64", "slot_bytes": "i64",
+            "n_slots": "i64", **{f"{f}_arg": "i64" for f in ("start", "end", "nbytes", "slot",
+                                                              "generation", "ready", "ack")}}
+    signature = {"pool_ptr": "*u8", "src_ptr": "*u8", "lease_ptr": "*i64", "state_ptr": "*i32",
+                 **ints, **dict.fromkeys(constexprs, "constexpr")}
+    assert list(signature) == _KERNEL_PARAMS
+    source = triton.compiler.ASTSource(fn=op._publish_kernel, signature=signature,
+                                       constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+@pytest.mark.parametrize("phase", [op.PHASE_BOTH, op.PHASE_FLAG], ids=["one_launch", "flag_launch"])
+@pytest.mark.parametrize("ptx", [True, False], ids=["inline_ptx", "exchange"])
+@pytest.mark.parametrize("consumers", contract.CONSUMER_PLACES)
+def test_flag_release_scope_in_sm90_ptx(consumers, ptx, phase):
+    """The flag's release has the consumers' scope in the PTX: system scope for ``"peers"``
+    (a consumer on another GPU waits for the word and then reads the bytes over its peer
+    mapping), GPU scope for ``"same_device"``, whether it is the real launch's inline release
+    store or the release exchange of Inductor's wrapped kernel; no flag write of the other
+    scope. The arrivals of the one-launch path stay at GPU scope (every program is on the
+    pool's GPU); the copy phase writes no flag."""
+    scope, other = ("sys", "gpu") if consumers == "peers" else ("gpu", "sys")
+    meta = dict(LEASE_FROM_PTR=True, BLOCK=4096, PHASE=phase, PDL=phase == op.PHASE_FLAG,
+                PTX=ptx, SYSTEM=contract.system_scope(consumers))
+    text = _sm90_ptx(**meta)
+    flag = (f"st.release.{scope}.global.b32" if ptx
+            else f"atom.global.{scope}.release.exch.b32")
+    assert text.count(flag) == 1, text
+    for wrong in (f"st.release.{other}.", f"atom.global.{other}.release.exch",
+                  "st.release.cta.", "st.relaxed."):
+        assert wrong not in text
+    assert ("atom.global.gpu.acq_rel.add" in text) == (phase == op.PHASE_BOTH)
+    copy_only = _sm90_ptx(**{**meta, "PHASE": op.PHASE_COPY})
+    assert "release" not in copy_only and "atom." not in copy_only
 
 
 def test_launch_refuses_an_unknown_tuning_key():
@@ -565,14 +631,39 @@ def test_gpu_cancel_lease_and_background_recycler():
     assert not pool._recycler.is_alive()
 
 
-@gpu
-def test_gpu_one_producer_two_consumer_processes_over_ipc():
-    """Random sizes (1 B to 64 MiB) and dtypes through a pool too small to hold them all:
-    checksums match in both consumers, and no lease is left at the end.
-    ``STRICTOPS_IPC_TRANSFERS=10000`` runs 10,000 transfers."""
-    transfers = os.environ.get("STRICTOPS_IPC_TRANSFERS", "300")
-    result = subprocess.run([sys.executable, str(IPC_DRIVER), "--transfers", transfers],
+def _run_ipc_driver(mode: str, transfers: str, devices: tuple[int, ...]) -> None:
+    result = subprocess.run([sys.executable, str(IPC_DRIVER), "--mode", mode, "--transfers",
+                             transfers, "--consumer-devices", *map(str, devices)],
                             capture_output=True, text=True, timeout=3000)
     print(result.stdout[-4000:], result.stderr[-4000:])
     assert result.returncode == 0
-    assert f"{transfers} transfers" in result.stdout and "0 leaked" in result.stdout
+    assert f"{transfers} transfers" in result.stdout and " 0 corrupted, 0 leaked, 0 refused" in (
+        result.stdout)
+
+
+# Transfers per mode (one GPU, two GPUs) and the environment variable that overrides them.
+IPC_TRANSFERS = {"transfers": (300, 10_000, "STRICTOPS_IPC_TRANSFERS"),
+                 "graph": (300, 2_000, "STRICTOPS_IPC_GRAPH_TRANSFERS"),
+                 "stress": (3_000, 20_000, "STRICTOPS_IPC_STRESS_TRANSFERS")}
+
+
+@gpu
+@pytest.mark.parametrize("mode", sorted(IPC_TRANSFERS))
+def test_gpu_one_producer_two_consumer_processes_over_ipc(mode):
+    """Both consumers on the pool's GPU (``tests/gpu_transport_ipc.py``): random sizes and
+    dtypes through a pool too small to hold them all, published eagerly (``transfers``), from
+    one replayed CUDA graph (``graph``), or many small ones whose last bytes each consumer
+    checks as soon as its wait returns (``stress``): no byte wrong, every lease recycled.
+    ``STRICTOPS_IPC_TRANSFERS=10000`` runs 10,000 eager transfers."""
+    one_gpu, _, variable = IPC_TRANSFERS[mode]
+    _run_ipc_driver(mode, os.environ.get(variable, str(one_gpu)), (0, 0))
+
+
+@multi_gpu
+@pytest.mark.parametrize("mode", sorted(IPC_TRANSFERS))
+def test_gpu_consumers_on_the_pool_gpu_and_a_peer_gpu(mode):
+    """The pool on ``cuda:0``, one consumer process on ``cuda:0`` and one on ``cuda:1``, which
+    maps the pool over NVLink, waits and acknowledges on its own stream and reads over the
+    mapping: as above, 10,000 eager transfers by default (the variables scale every mode)."""
+    _, two_gpus, variable = IPC_TRANSFERS[mode]
+    _run_ipc_driver(mode, os.environ.get(variable, str(two_gpus)), (0, 1))

@@ -13,6 +13,8 @@ one device, and fault injection with processes (``tests/gpu_transport_faults.py`
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
 import os
 import signal
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import unittest.mock
 from pathlib import Path
 
 import expecttest
@@ -31,9 +34,10 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 
 from strictops.meta import transport_pool as contract
-from strictops.meta.testing import gpu, raised
+from strictops.meta.testing import fake_mode, gpu, multi_gpu, raised
 from strictops.ops import TransportConsumer, TransportPool, _cuda_stream
 from strictops.ops import _transport_faults as faults
+from strictops.ops import _transport_peers as peers
 from strictops.ops import transport_runtime as runtime
 from strictops.ops._interpret import interpreted
 
@@ -488,6 +492,80 @@ class TestConsumerRules(expecttest.TestCase):
             registry.unlink()
 
 
+class TestPeerConsumers(expecttest.TestCase):
+    """Where a consumer maps the pool: refusals before the rank is taken, and the IPC handle
+    opened with the consumer's device as its storage device and current device."""
+
+    def _handle(self, registry, consumers="peers", rebuild=None):
+        def refuse(*args):
+            raise AssertionError("the handle was opened")
+        return runtime.PoolHandle(rebuild or refuse, (), 4, 2, "CUDA IPC", registry.name, None,
+                                  device=0, consumers=consumers)
+
+    def test_refused_without_peer_access_before_the_rank_is_taken(self):
+        registry = faults.ConsumerRegistry(2, 4)
+        asked = []
+        try:
+            with unittest.mock.patch.object(torch.cuda, "can_device_access_peer",
+                                            lambda a, b: asked.append((a, b)) or False):
+                err = raised(TransportConsumer.attach, handle=self._handle(registry), rank=1,
+                             device="cuda:1")
+            self.assertIs(type(err), RuntimeError)
+            self.assertExpectedInline(str(err), """CUDA IPC consumer on cuda:1 cannot map the pool on cuda:0: no peer access between the two devices (torch.cuda.can_device_access_peer(1, 0) is False)""")
+            self.assertEqual(asked, [(1, 0)])
+            self.assertEqual(registry.attached_pid(1), 0)
+        finally:
+            registry.unlink()
+
+    def test_a_same_device_pool_refuses_a_consumer_on_another_device(self):
+        registry = faults.ConsumerRegistry(2, 4)
+        try:
+            with unittest.mock.patch.object(torch.cuda, "can_device_access_peer",
+                                            lambda a, b: True):
+                err = raised(TransportConsumer.attach,
+                             handle=self._handle(registry, consumers="same_device"), rank=0,
+                             device=torch.device("cuda", 1))
+            self.assertIs(type(err), RuntimeError)
+            self.assertExpectedInline(str(err), """CUDA IPC pool on cuda:0 was made with consumers='same_device': its publish orders the bytes before the ready word for its own GPU only, not for a consumer on cuda:1""")
+            self.assertEqual(registry.attached_pid(0), 0)
+        finally:
+            registry.unlink()
+
+    def test_the_handle_is_opened_on_the_consumer_device(self):
+        """``reduce_tensor``'s rebuild gets the consumer's device as ``storage_device``, with
+        that device current (the IPC handle is opened in its context); a rebuild that returns
+        a mapping on another device (torch's per-process cache) is refused."""
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        opened = []
+        current = []
+
+        @contextlib.contextmanager
+        def device(index):
+            current.append(index)
+            yield
+
+        @functools.wraps(rebuild_cuda_tensor)  # its signature
+        def rebuild(*args):
+            bound = inspect.signature(rebuild_cuda_tensor).bind(*args)
+            opened.append((bound.arguments["storage_device"], current[-1]))
+            return torch.empty(64, dtype=torch.uint8, device=f"cuda:{returned}")
+
+        handle = runtime.PoolHandle(rebuild, tuple(range(15)), 4, 2, "CUDA IPC", device=0)
+        with fake_mode(), unittest.mock.patch.object(torch.cuda, "device", device):
+            returned = 1
+            self.assertEqual(peers.open_mapped(handle, 1).device, torch.device("cuda:1"))
+            returned = 0
+            err = raised(peers.open_mapped, handle=handle, device=1)
+        self.assertEqual(opened, [(1, 1), (1, 1)])
+        self.assertExpectedInline(str(err), """CUDA IPC pool is already mapped on cuda:0 in this process; a consumer on cuda:1 needs a process of its own""")
+
+    def test_device_index(self):
+        self.assertEqual([peers.device_index(d) for d in (1, "cuda:1", torch.device("cuda:2"))],
+                         [1, 1, 2])
+        self.assertExpectedInline(str(raised(peers.device_index, device="cpu")), """a consumer's device must be a CUDA device, got cpu""")
+
+
 class TestPoolArguments(expecttest.TestCase):
     """Refused before any allocation, so on CPU."""
 
@@ -595,16 +673,29 @@ def test_gpu_a_wait_never_published_times_out_and_the_stream_goes_on():
         pool.shutdown()
 
 
+def _run_faults_driver(scenario: str, *options: str) -> None:
+    result = subprocess.run([sys.executable, str(FAULTS_DRIVER), scenario, *options],
+                            capture_output=True, text=True, timeout=300)
+    print(result.stdout[-4000:], result.stderr[-4000:])
+    assert result.returncode == 0
+    assert f"{scenario}: ok" in result.stdout
+
+
 @gpu
 @pytest.mark.parametrize("scenario", ["consumer-killed", "producer-killed", "never-published",
                                       "wrong-acks"])
 def test_gpu_faults(scenario):
     """Processes that die or misbehave (``tests/gpu_transport_faults.py``), each bounded."""
-    result = subprocess.run([sys.executable, str(FAULTS_DRIVER), scenario],
-                            capture_output=True, text=True, timeout=300)
-    print(result.stdout[-4000:], result.stderr[-4000:])
-    assert result.returncode == 0
-    assert f"{scenario}: ok" in result.stdout
+    _run_faults_driver(scenario)
+
+
+@multi_gpu
+@pytest.mark.parametrize("scenario", ["consumer-killed", "producer-killed", "never-published"])
+def test_gpu_faults_with_a_consumer_on_a_peer_gpu(scenario):
+    """The same faults with consumer 0 on ``cuda:1`` (the pool on ``cuda:0``): the survivor of
+    a killed consumer, the waits that time out and the watchdog's abort through the peer
+    mapping behave as on one GPU."""
+    _run_faults_driver(scenario, "--consumer-devices", "1", "0")
 
 
 def test_abort_kernel_compiles_to_a_system_scope_compare_and_swap():

@@ -16,7 +16,8 @@ SRC_DTYPES = (torch.uint8, torch.bool, torch.bfloat16, torch.float32, torch.int6
 @st.composite
 def dims(draw, device: str = "cuda:0", max_data: int = 2048) -> contract.Dims:
     """Valid call dimensions: pool layout, a data region of 1..``max_data`` bytes (not always a
-    multiple of 256), and a source of any rank (0-2) and dtype that fits it."""
+    multiple of 256), a source of any rank (0-2) and dtype that fits it, and where the
+    consumers are."""
     slots, consumers = draw(st.integers(1, 9)), draw(st.integers(1, 4))
     data = draw(st.integers(1, max_data))
     dtype = draw(st.sampled_from(SRC_DTYPES))
@@ -34,7 +35,8 @@ def dims(draw, device: str = "cuda:0", max_data: int = 2048) -> contract.Dims:
         shape = (rows, numel // rows)
     return contract.Dims(memory_size=contract.data_start(slots, consumers) + data,
                          max_inflight_slices=slots, consumer_count=consumers, src_shape=shape,
-                         src_dtype=dtype, device=device)
+                         src_dtype=dtype, device=device,
+                         consumers=draw(st.sampled_from(contract.CONSUMER_PLACES)))
 
 
 def src_nbytes(d: contract.Dims) -> int:
