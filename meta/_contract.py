@@ -107,6 +107,18 @@ def sym_either(a: Any, b: Any) -> Any:
     return sym_or(a, b)
 
 
+def contiguous_from(t: torch.Tensor, first_dim: int) -> Any:
+    """Whether dims ``first_dim..`` of ``t`` are contiguous (a size-1 dim's stride is free), as
+    one condition: a walk with no Python branch on a size, so tracing guards on the relation
+    only."""
+    shape, strides = t.shape, t.stride()
+    expected, conds = 1, []
+    for i in range(len(shape) - 1, first_dim - 1, -1):
+        conds.append(sym_either(shape[i] == 1, strides[i] == expected))
+        expected = expected * shape[i]
+    return sym_all(conds)
+
+
 def concrete(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return ConcreteTensor(value)

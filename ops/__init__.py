@@ -6,7 +6,8 @@ the serving kernel it replaces::
     from strictops.ops import fused_mamba_state_scatter_with_mask
 """
 
-from . import mamba_state_scatter, sparse_mla_prefill
+from . import mamba_commit_indices, mamba_state_scatter, sparse_mla_prefill
+from .mamba_commit_indices import fused_commit_track_indices
 from .mamba_state_scatter import fused_mamba_state_scatter_with_mask
 from .sparse_mla_prefill import sparse_mla_q8kv8_prefill_fwd
 from . import transport_pool
@@ -23,6 +24,7 @@ OP_MODULES = {
     mamba_state_scatter.contract.CONTRACT.op: mamba_state_scatter,
     sparse_mla_prefill.contract.CONTRACT.op: sparse_mla_prefill,
     transport_pool.contract.CONTRACT.op: transport_pool,
+    mamba_commit_indices.contract.CONTRACT.op: mamba_commit_indices,
 }
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "TransportConsumer",
     "TransportPool",
     "copy_and_publish",
+    "fused_commit_track_indices",
     "fused_mamba_state_scatter_with_mask",
     "sparse_mla_q8kv8_prefill_fwd",
 ]
