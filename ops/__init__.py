@@ -6,8 +6,9 @@ the serving kernel it replaces::
     from strictops.ops import fused_mamba_state_scatter_with_mask
 """
 
-from . import mamba_commit_indices, mamba_state_scatter, sparse_mla_prefill
+from . import mamba_commit_indices, mamba_state_scatter, mamba_track_states, sparse_mla_prefill
 from .mamba_commit_indices import fused_commit_track_indices
+from .mamba_track_states import track_mamba_states_all_layers, track_mamba_states_if_needed
 from .mamba_state_scatter import fused_mamba_state_scatter_with_mask
 from .sparse_mla_prefill import sparse_mla_q8kv8_prefill_fwd
 from . import transport_pool
@@ -25,6 +26,7 @@ OP_MODULES = {
     sparse_mla_prefill.contract.CONTRACT.op: sparse_mla_prefill,
     transport_pool.contract.CONTRACT.op: transport_pool,
     mamba_commit_indices.contract.CONTRACT.op: mamba_commit_indices,
+    mamba_track_states.contract.CONTRACT.op: mamba_track_states,
 }
 
 __all__ = [
@@ -36,4 +38,6 @@ __all__ = [
     "fused_commit_track_indices",
     "fused_mamba_state_scatter_with_mask",
     "sparse_mla_q8kv8_prefill_fwd",
+    "track_mamba_states_all_layers",
+    "track_mamba_states_if_needed",
 ]
