@@ -1,7 +1,7 @@
 """fused_commit_track_indices: contract messages, eager/fake parity, kernel numerics.
 
-CPU (CI): messages on fake CUDA tensors pinned with expecttest; near misses raise the same error
-on the eager path (concrete sizes) and the fake path (symbolic sizes); the kernel under the
+CPU (CI): messages on fake CUDA tensors pinned with expecttest (near misses on the eager and
+fake paths: tests/test_contracts.py); the kernel under the
 Triton interpreter equals the reference for any values, in both program orders; the reference
 equals the original's formula wherever the original reads in bounds, and the original kernel
 itself (interpreted, when ``.anchor`` is present). GPU (``-m gpu``): the op equals the reference
@@ -19,12 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from strictops.meta import mamba_commit_indices as contract
+from strictops.meta import strategies
+from strictops.meta.strategies import mamba_commit_indices as calls_of
 from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
     anchor_module,
     assert_every_rule_pinned,
-    assert_near_miss_parity,
     build,
     fake_mode,
     gpu,
@@ -37,7 +38,6 @@ from strictops.ops._interpret import interpreted
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DIMS = contract.Dims(batch=5, accepted_tokens=3, draft_token_num=4, mamba_track_interval=6)
-I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
 
 
 def _message_on_fake(rule: str) -> str:
@@ -79,49 +79,6 @@ class TestMessages(expecttest.TestCase):
             assert contract.CONTRACT.broken_rule(**build(spec)) is None
 
 
-@st.composite
-def commit_dims(draw, device: str = "cuda:0") -> contract.Dims:
-    return contract.Dims(
-        batch=draw(st.integers(0, 300)), accepted_tokens=draw(st.integers(0, 6)),
-        draft_token_num=draw(st.integers(1, 8)), mamba_track_interval=draw(st.integers(1, 9)),
-        with_seq_lens=draw(st.booleans()),
-        index_dtypes=tuple(draw(st.sampled_from(contract.INDEX_DTYPES)) for _ in range(3)),
-        device=device)
-
-
-@st.composite
-def commit_near_miss(draw, device: str = "cuda:0"):
-    rule = draw(st.sampled_from(contract.CONTRACT.rules))
-    return rule, contract.NEAR_MISSES[rule](contract.valid_spec(draw(commit_dims(device))))
-
-
-@settings(SETTINGS, max_examples=60)
-@given(case=commit_near_miss())
-def test_near_miss_eager_and_fake_paths_agree(case):
-    assert_near_miss_parity(fused_commit_track_indices, contract, *case)
-
-
-def _values(draw, d: contract.Dims, device: str) -> dict:
-    """Index values: mostly in range, with negative, too-long and extreme lengths and rows."""
-    b, n = d.batch, d.accepted_tokens
-    extreme = st.sampled_from([-1, I64_MIN, I64_MAX, 2**31 - 1, -(2**31), n + 1])
-    small = st.integers(-2, n + 1)
-    ai, al, sl = d.index_dtypes
-
-    def column(dtype, values) -> torch.Tensor:
-        info = torch.iinfo(dtype)
-        return torch.tensor([min(max(v, info.min), info.max) for v in values], dtype=dtype,
-                            device=device)
-
-    lens = draw(st.lists(st.one_of(small, small, extreme), min_size=b, max_size=b))
-    seq = draw(st.lists(st.one_of(st.integers(0, 40), extreme), min_size=b, max_size=b))
-    index = draw(st.lists(st.one_of(st.integers(-1, b * d.draft_token_num), extreme),
-                          min_size=b * n, max_size=b * n))
-    return {"accept_index": column(ai, index).reshape(b, n), "accept_lens": column(al, lens),
-            "seq_lens": column(sl, seq) if d.with_seq_lens else None,
-            "draft_token_num": d.draft_token_num, "mamba_track_interval": d.mamba_track_interval}
-
-
 def _equal(got, want) -> bool:
     return all((g is None and w is None) or torch.equal(g, w) for g, w in zip(got, want))
 
@@ -129,8 +86,8 @@ def _equal(got, want) -> bool:
 @settings(SETTINGS, max_examples=150)
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
-    d = data.draw(commit_dims(device="cpu"))
-    args = _values(data.draw, d, "cpu")
+    d = data.draw(calls_of.dims(device="cpu"))
+    args = calls_of.values(data.draw, d, "cpu")
     got = op.launch_interpreted(**args, reverse_programs=data.draw(st.booleans()))
     assert _equal(got, op.reference(**args))
 
@@ -203,8 +160,8 @@ def test_interpreted_kernel_reads_strided_tensors_in_place(reverse_programs):
 @settings(SETTINGS, max_examples=40)
 @given(data=st.data())
 def test_gpu_op_equals_reference(data):
-    d = data.draw(commit_dims(device="cuda"))
-    args = _values(data.draw, d, "cuda")
+    d = data.draw(calls_of.dims(device="cuda"))
+    args = calls_of.values(data.draw, d, "cuda")
     assert _equal(fused_commit_track_indices(**args), op.reference(**args))
 
 
@@ -222,13 +179,8 @@ def test_gpu_bit_equal_to_the_original(with_seq_lens):
 
 @gpu
 @settings(SETTINGS, max_examples=20)
-@given(case=commit_near_miss(device="cuda:0"))
-def test_gpu_real_tensors_raise_the_contract_error(case):
-    rule, spec = case
-    from strictops.meta._specs import buildable_here
-    if not buildable_here(spec):
-        return
-    args = {k: (v.empty().zero_() if hasattr(v, "empty") else v) for k, v in spec.items()}
-    want = contract.CONTRACT.expected_error(rule, **args)
-    err = raised(fused_commit_track_indices, **args)
-    assert (type(err), str(err)) == want
+@given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
+def test_gpu_real_tensors_raise_the_contract_error(call):
+    args, kwargs = call.build()
+    err = raised(fused_commit_track_indices, *args, **kwargs)
+    assert (type(err), str(err)) == call.expected_error(args, kwargs)

@@ -1,7 +1,7 @@
 """track_mamba_states_all_layers / _if_needed: contract messages, eager/fake parity, numerics.
 
-CPU (CI): messages on fake CUDA tensors pinned with expecttest; near misses raise the same error
-on the eager path (concrete sizes) and the fake path (symbolic sizes); the kernel under the
+CPU (CI): messages on fake CUDA tensors pinned with expecttest (near misses on the eager and
+fake paths: tests/test_contracts.py); the kernel under the
 Triton interpreter equals the reference for any index values, any program count and both
 program orders, and equals the original kernel (interpreted, when ``.anchor`` is present) on
 the calls the original handles. GPU (``-m gpu``): the op equals the reference and the original.
@@ -18,12 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from strictops.meta import mamba_track_states as contract
+from strictops.meta import strategies
+from strictops.meta.strategies import mamba_track_states as calls_of
 from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
     anchor_module,
+    build,
+    fake_mode,
     assert_every_rule_pinned,
-    assert_near_miss_parity,
     gpu,
     near_miss_message,
     raised,
@@ -35,7 +38,6 @@ from strictops.ops._interpret import interpreted
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DIMS = contract.Dims(num_layers=3, pool_size=9, conv_state=(4, 2), ssm_state=(2, 5, 3), batch=6,
                      batch_size=5)
-I32_MAX, I32_MIN = 2**31 - 1, -(2**31)
 
 
 def _message_on_fake(rule: str) -> str:
@@ -79,14 +81,12 @@ class TestMessages(expecttest.TestCase):
 
     def test_negative_batch_size(self):
         spec = {**contract.valid_spec(DIMS), "batch_size": -1}
-        from strictops.meta.testing import build, fake_mode
         with fake_mode():
             err = raised(track_mamba_states_all_layers, **build(spec))
         assert "but got batch_size=-1" in str(err)
 
     def test_if_needed_reports_the_pool_rules(self):
         spec = contract.valid_spec(DIMS)
-        from strictops.meta.testing import build, fake_mode
         with fake_mode():
             args = build(spec)
             args.pop("conv_states_pool")
@@ -98,74 +98,12 @@ class TestMessages(expecttest.TestCase):
         assert str(err).startswith("Expected ssm_states_pool entry dims (dims 2..4) contiguous")
 
 
-@st.composite
-def track_dims(draw, device: str = "cuda:0", max_entry: int = 40) -> contract.Dims:
-    def state():
-        rank = draw(st.integers(0, 3))
-        dims = []
-        for _ in range(rank):
-            budget = max_entry // max(1, _prod(dims))
-            dims.append(draw(st.integers(1, max(1, min(budget, 9)))))
-        return tuple(dims)
-
-    batch = draw(st.integers(0, 140))
-    return contract.Dims(
-        num_layers=draw(st.integers(1, 3)), pool_size=draw(st.integers(2, 12)),
-        conv_state=state(), ssm_state=state(), batch=batch,
-        batch_size=draw(st.integers(0, batch)),
-        conv_dtype=draw(st.sampled_from([torch.bfloat16, torch.float32, torch.int8])),
-        ssm_dtype=draw(st.sampled_from([torch.float32, torch.float16])),
-        index_dtypes=tuple(draw(st.sampled_from(contract.INDEX_DTYPES)) for _ in range(2)),
-        mask_dtype=draw(st.sampled_from(contract.MASK_DTYPES)), device=device)
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
-
-
-@st.composite
-def track_near_miss(draw, device: str = "cuda:0"):
-    rule = draw(st.sampled_from(contract.CONTRACT.rules))
-    return rule, contract.NEAR_MISSES[rule](contract.valid_spec(draw(track_dims(device))))
-
-
-@settings(SETTINGS, max_examples=60)
-@given(case=track_near_miss())
-def test_near_miss_eager_and_fake_paths_agree(case):
-    assert_near_miss_parity(track_mamba_states_all_layers, contract, *case)
-
-
-def _fill(d: contract.Dims, draw, device: str, gen: torch.Generator) -> dict:
-    """Real tensors: random states; cache slots in the lower half of the pool and track slots
-    in the upper half (never both, as in serving), mixed with bad and extreme values."""
-    spec = contract.valid_spec(d)
-    half, n = d.pool_size // 2, d.batch
-    bad = st.sampled_from([-1, -5, d.pool_size, d.pool_size + 3, I32_MAX, I32_MIN])
-
-    def column(lo, hi, dtype):
-        values = draw(st.lists(st.one_of(st.integers(lo, hi - 1), st.integers(lo, hi - 1), bad),
-                               min_size=n, max_size=n))
-        return torch.tensor(values, dtype=dtype, device=device)
-
-    args = {"cache_indices": column(0, half, d.index_dtypes[0]),
-            "mamba_track_indices": column(half, d.pool_size, d.index_dtypes[1]),
-            "mamba_track_mask": torch.tensor(
-                draw(st.lists(st.sampled_from([0, 1, 1, 7, -(2**31)]), min_size=n, max_size=n)),
-                device=device).to(d.mask_dtype)}
-    for name in ("conv_states_pool", "ssm_states_pool"):
-        s = spec[name]
-        args[name] = (torch.randn(s.shape, generator=gen) * 50).to(s.dtype).to(device)
-    return {**args, "batch_size": spec["batch_size"]}
-
-
 @settings(SETTINGS, max_examples=100)
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
-    d = data.draw(track_dims(device="cpu"))
-    args = _fill(d, data.draw, "cpu", torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
+    d = data.draw(calls_of.dims(device="cpu"))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
+    args = calls_of.values(data.draw, d, "cpu", gen)
     tuning = data.draw(st.sampled_from([{"chunk_bytes": 16, "block": 4},
                                         {"chunk_bytes": 64, "block": 8}, {}]))
     expected = op.reference(**args)
@@ -244,8 +182,9 @@ def test_interpreted_original_kernel_agrees(all_layers):
 @settings(SETTINGS, max_examples=40)
 @given(data=st.data())
 def test_gpu_op_equals_reference(data):
-    d = data.draw(track_dims(device="cuda", max_entry=5000))
-    args = _fill(d, data.draw, "cuda", torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
+    d = data.draw(calls_of.dims(device="cuda", max_entry=5000))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
+    args = calls_of.values(data.draw, d, "cuda", gen)
     expected = op.reference(**args)
     track_mamba_states_all_layers(**args)
     assert torch.equal(args["conv_states_pool"], expected[0])
@@ -276,15 +215,10 @@ def test_gpu_bit_equal_to_the_original_at_model_shapes(all_layers):
 
 @gpu
 @settings(SETTINGS, max_examples=20)
-@given(case=track_near_miss(device="cuda:0"))
-def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
-    from strictops.meta._specs import buildable_here
-    rule, spec = case
-    if not buildable_here(spec):
-        return
-    args = {k: (v.empty().zero_() if hasattr(v, "empty") else v) for k, v in spec.items()}
-    before = args["ssm_states_pool"].clone()
-    want = contract.CONTRACT.expected_error(rule, **args)
-    err = raised(track_mamba_states_all_layers, **args)
-    assert (type(err), str(err)) == want
-    assert torch.equal(args["ssm_states_pool"], before)
+@given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
+def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
+    args, kwargs = call.build()
+    before = args[1].clone()
+    err = raised(track_mamba_states_all_layers, *args, **kwargs)
+    assert (type(err), str(err)) == call.expected_error(args, kwargs)
+    assert torch.equal(args[1], before)
