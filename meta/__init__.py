@@ -5,12 +5,13 @@ the op's eager path and fake registration both run it, and the tests derive thei
 """
 
 from ._contract import Check, ConcreteTensor, Contract, concrete, hint, hint_size
-from . import mamba_state_scatter, sparse_mla_prefill
+from . import conv_window_scatter, mamba_state_scatter, sparse_mla_prefill
 from . import transport_pool
 
 CONTRACTS: dict[str, Contract] = {
     c.op: c
-    for c in (mamba_state_scatter.CONTRACT, sparse_mla_prefill.CONTRACT, transport_pool.CONTRACT)
+    for c in (conv_window_scatter.CONTRACT, mamba_state_scatter.CONTRACT,
+              sparse_mla_prefill.CONTRACT, transport_pool.CONTRACT)
 }
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "ConcreteTensor",
     "Contract",
     "concrete",
+    "conv_window_scatter",
     "hint",
     "hint_size",
     "mamba_state_scatter",

@@ -20,6 +20,7 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
+from . import conv_window_scatter as cws
 from . import mamba_state_scatter as mss
 from . import sparse_mla_prefill as smp
 from . import transport_pool as tp
@@ -426,4 +427,50 @@ __all__ += [
     "transport_lease",
     "transport_near_miss",
     "transport_src_nbytes",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# fused_conv_window_scatter_with_mask
+
+CONV_WINDOW_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int8)
+
+
+@st.composite
+def conv_window_dims(draw, device: str = "cuda:0") -> cws.Dims:
+    """Valid call dimensions: every size >= 1 (window widths 1-6, so that a tile's column
+    block is partial, whole or repeated), overlapping or contiguous windows, any dtypes."""
+    return cws.Dims(
+        num_layers=draw(st.integers(1, 3)),
+        cache_size=draw(st.integers(1, 9)),
+        spec_size=draw(st.integers(1, 6)),
+        draft_tokens=draw(st.integers(1, 4)),
+        dim=draw(st.integers(1, 40)),
+        km1=draw(st.integers(1, 6)),
+        total_requests=draw(st.integers(0, 8)),
+        dtype=draw(st.sampled_from(CONV_WINDOW_DTYPES)),
+        index_dtypes=tuple(draw(st.sampled_from(cws.INDEX_DTYPES)) for _ in range(3)),
+        with_src_indices=draw(st.booleans()),
+        overlapping=draw(st.booleans()),
+        device=device,
+    )
+
+
+def conv_window_index_values(draw, d: cws.Dims) -> dict:
+    """Index values of a call with dims ``d``: as :func:`mamba_index_values` draws them."""
+    return mamba_index_values(draw, d)
+
+
+@st.composite
+def conv_window_near_miss(draw, device: str = "cuda:0"):
+    """(rule, spec) where ``spec`` breaks exactly ``rule`` of the contract."""
+    rule = draw(st.sampled_from(cws.CONTRACT.rules))
+    return rule, cws.NEAR_MISSES[rule](cws.valid_spec(draw(conv_window_dims(device=device))))
+
+
+__all__ += [
+    "CONV_WINDOW_DTYPES",
+    "conv_window_dims",
+    "conv_window_index_values",
+    "conv_window_near_miss",
 ]

@@ -6,7 +6,8 @@ the serving kernel it replaces::
     from strictops.ops import fused_mamba_state_scatter_with_mask
 """
 
-from . import mamba_state_scatter, sparse_mla_prefill
+from . import conv_window_scatter, mamba_state_scatter, sparse_mla_prefill
+from .conv_window_scatter import fused_conv_window_scatter_with_mask
 from .mamba_state_scatter import fused_mamba_state_scatter_with_mask
 from .sparse_mla_prefill import sparse_mla_q8kv8_prefill_fwd
 from . import transport_pool
@@ -20,6 +21,7 @@ from .transport_pool import (
 # One entry per op: qualified op name -> the module holding its kernel, public function and
 # plain-PyTorch reference (``reference``) and interpreter launcher (``launch_interpreted``).
 OP_MODULES = {
+    conv_window_scatter.contract.CONTRACT.op: conv_window_scatter,
     mamba_state_scatter.contract.CONTRACT.op: mamba_state_scatter,
     sparse_mla_prefill.contract.CONTRACT.op: sparse_mla_prefill,
     transport_pool.contract.CONTRACT.op: transport_pool,
@@ -31,6 +33,7 @@ __all__ = [
     "TransportConsumer",
     "TransportPool",
     "copy_and_publish",
+    "fused_conv_window_scatter_with_mask",
     "fused_mamba_state_scatter_with_mask",
     "sparse_mla_q8kv8_prefill_fwd",
 ]
