@@ -5,13 +5,15 @@ the op's eager path and fake registration both run it, and the tests derive thei
 """
 
 from ._contract import Check, ConcreteTensor, Contract, concrete, hint, hint_size
-from . import mamba_commit_indices, mamba_state_scatter, mamba_track_states, sparse_mla_prefill
+from . import conv_window_scatter, mamba_commit_indices, mamba_state_scatter, mamba_track_states
+from . import sparse_mla_prefill
 from . import transport_pool
 
 CONTRACTS: dict[str, Contract] = {
     c.op: c
-    for c in (mamba_state_scatter.CONTRACT, sparse_mla_prefill.CONTRACT, transport_pool.CONTRACT,
-              mamba_commit_indices.CONTRACT, mamba_track_states.CONTRACT)
+    for c in (conv_window_scatter.CONTRACT, mamba_commit_indices.CONTRACT,
+              mamba_state_scatter.CONTRACT, mamba_track_states.CONTRACT,
+              sparse_mla_prefill.CONTRACT, transport_pool.CONTRACT)
 }
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "ConcreteTensor",
     "Contract",
     "concrete",
+    "conv_window_scatter",
     "hint",
     "hint_size",
     "mamba_commit_indices",

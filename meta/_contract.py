@@ -120,8 +120,12 @@ def contiguous_from(t: torch.Tensor, first_dim: int) -> Any:
 
 
 def concrete(value: Any) -> Any:
+    """A tensor's :class:`ConcreteTensor`, a list or tuple of them (a ``Tensor[]`` argument),
+    or the hint of any other value."""
     if isinstance(value, torch.Tensor):
         return ConcreteTensor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(concrete(v) for v in value)
     return hint(value)
 
 

@@ -6,7 +6,9 @@ the serving kernel it replaces::
     from strictops.ops import fused_mamba_state_scatter_with_mask
 """
 
-from . import mamba_commit_indices, mamba_state_scatter, mamba_track_states, sparse_mla_prefill
+from . import conv_window_scatter, mamba_commit_indices, mamba_state_scatter, mamba_track_states
+from . import sparse_mla_prefill
+from .conv_window_scatter import fused_conv_window_scatter_with_mask
 from .mamba_commit_indices import fused_commit_track_indices
 from .mamba_track_states import track_mamba_states_all_layers, track_mamba_states_if_needed
 from .mamba_state_scatter import fused_mamba_state_scatter_with_mask
@@ -22,6 +24,7 @@ from .transport_pool import (
 # One entry per op: qualified op name -> the module holding its kernel, public function and
 # plain-PyTorch reference (``reference``) and interpreter launcher (``launch_interpreted``).
 OP_MODULES = {
+    conv_window_scatter.contract.CONTRACT.op: conv_window_scatter,
     mamba_state_scatter.contract.CONTRACT.op: mamba_state_scatter,
     sparse_mla_prefill.contract.CONTRACT.op: sparse_mla_prefill,
     transport_pool.contract.CONTRACT.op: transport_pool,
@@ -36,6 +39,7 @@ __all__ = [
     "TransportPool",
     "copy_and_publish",
     "fused_commit_track_indices",
+    "fused_conv_window_scatter_with_mask",
     "fused_mamba_state_scatter_with_mask",
     "sparse_mla_q8kv8_prefill_fwd",
     "track_mamba_states_all_layers",
