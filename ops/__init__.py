@@ -6,9 +6,11 @@ the serving kernel it replaces::
     from strictops.ops import fused_mamba_state_scatter_with_mask
 """
 
-from . import conv_window_scatter, mamba_commit_indices, mamba_state_scatter, mamba_track_states
+from . import conv_window_scatter, mamba_after_verify, mamba_commit_indices, mamba_state_scatter
+from . import mamba_track_states
 from . import sparse_mla_prefill
 from .conv_window_scatter import fused_conv_window_scatter_with_mask
+from .mamba_after_verify import scatter_mamba_states_after_mtp_verify
 from .mamba_commit_indices import fused_commit_track_indices
 from .mamba_track_states import track_mamba_states_all_layers, track_mamba_states_if_needed
 from .mamba_state_scatter import fused_mamba_state_scatter_with_mask
@@ -41,6 +43,7 @@ __all__ = [
     "fused_commit_track_indices",
     "fused_conv_window_scatter_with_mask",
     "fused_mamba_state_scatter_with_mask",
+    "scatter_mamba_states_after_mtp_verify",
     "sparse_mla_q8kv8_prefill_fwd",
     "track_mamba_states_all_layers",
     "track_mamba_states_if_needed",
