@@ -33,6 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS, POOL, REQUESTS = 36, 512, 64
 CONV, SSM = ((2048, 3), torch.bfloat16), ((8, 128, 128), torch.float32)
 TRACKED = [0, 1, 8, 64]
+# Kernel variants swept at 8 tracked rows (graph replay, floor / time); the op's defaults are
+# m.TUNING.
+VARIANTS = [{"chunk_bytes": c, "block": b, "num_warps": w, "programs_per_sm": p}
+            for c, b, w, p in [(32768, 8192, 8, 4), (32768, 8192, 8, 2), (32768, 4096, 4, 8),
+                               (16384, 4096, 4, 8), (65536, 8192, 8, 4)]]
 
 
 def _original():
@@ -88,11 +93,23 @@ def main() -> None:
             report.check_bar(row, "eager_wall_us", "<=", row["original_eager_wall_us"] * 1.05)
         if tracked:
             row["graph_bw_ratio"] = floor_us / row["graph_us"]
+        if tracked == 8:
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            row["tuning_bw_ratio"] = {
+                "/".join(str(x) for x in v.values()): floor_us / graph_replay_us(
+                    lambda v=v: m._launch(m._track_kernel, v["programs_per_sm"] * sms, *call,
+                                          chunk_bytes=v["chunk_bytes"], block=v["block"],
+                                          num_warps=v["num_warps"]))
+                for v in VARIANTS}
         torch.cuda.empty_cache()
     report.write(args.out, ["shape", "bit_exact", "equal_to_original", "floor_us", "graph_us",
                             "original_graph_us", "graph_vs_original", "graph_bw_ratio",
                             "eager_us", "original_eager_us", "eager_wall_us",
                             "original_eager_wall_us"], plot=_plot)
+    for r in report.rows:
+        if "tuning_bw_ratio" in r:
+            print(r["shape"], "tuning (chunk/block/warps/programs per SM: floor/time):",
+                  ", ".join(f"{k}={v:.3f}" for k, v in r["tuning_bw_ratio"].items()))
 
 
 def _plot(plt, report):

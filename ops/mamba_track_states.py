@@ -46,17 +46,24 @@ __all__ = [
 
 
 @triton.jit
-def _copy_chunk(base, src_off, dst_off, start, numel, CHUNK: tl.constexpr,
+def _copy_chunk(base, src_slot_off, dst_slot_off, start, numel, CHUNK: tl.constexpr,
                 BLOCK: tl.constexpr):
+    """Copy elements ``[start, min(start + CHUNK, numel))`` of one entry, ``BLOCK`` at a time.
+
+    The 64-bit parts (slot offsets, ``start``) go into two scalar pointers; the per-element
+    offsets stay 32-bit, which halves the registers the addresses need."""
+    src = base + src_slot_off + start
+    dst = base + dst_slot_off + start
+    left = tl.minimum(numel - start, CHUNK).to(tl.int32)
     for off in tl.static_range(0, CHUNK, BLOCK):
-        offs = start + off + tl.arange(0, BLOCK)
-        mask = offs < numel
-        tl.store(base + dst_off + offs, tl.load(base + src_off + offs, mask=mask), mask=mask)
+        offs = off + tl.arange(0, BLOCK)
+        mask = offs < left
+        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
 
 @triton.jit
 def _writers(r0, rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride, mask_stride,
-             dst_stride, SCAN: tl.constexpr):
+             dst_stride, SCAN: tl.constexpr, TILE: tl.constexpr):
     """``[SCAN]`` int32: 1 where row ``rows[k]`` writes (tracked, slots in range, no later
     writing row with its track slot), plus the rows' cache and track slots (int64)."""
     in_batch = rows < batch_size
@@ -65,8 +72,8 @@ def _writers(r0, rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride,
     dst = tl.load(dst_ptr + rows * dst_stride, mask=in_batch, other=-1).to(tl.int64)
     valid = in_batch & track & (src >= 0) & (src < pool) & (dst >= 0) & (dst < pool)
     later = tl.zeros([SCAN], dtype=tl.int32)
-    for j0 in range(r0, batch_size, SCAN):
-        cols = j0 + tl.arange(0, SCAN)
+    for j0 in range(r0, batch_size, TILE):
+        cols = j0 + tl.arange(0, TILE)
         in_j = cols < batch_size
         t_j = tl.load(mask_ptr + cols * mask_stride, mask=in_j, other=0) != 0
         s_j = tl.load(src_ptr + cols * src_stride, mask=in_j, other=-1).to(tl.int64)
@@ -77,7 +84,7 @@ def _writers(r0, rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride,
     return (valid & (later == 0)).to(tl.int32), src, dst
 
 
-@triton.jit(do_not_specialize=["batch_size", "num_layers", "pool", "conv_numel", "ssm_numel"])
+@triton.jit(do_not_specialize=["batch_size", "num_layers", "pool"])
 def _track_kernel(
     conv_ptr,
     ssm_ptr,
@@ -100,6 +107,7 @@ def _track_kernel(
     SSM_CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
     SCAN: tl.constexpr,
+    TILE: tl.constexpr,
 ):
     """Persistent copy of every writing row's entries, all layers.
 
@@ -122,7 +130,7 @@ def _track_kernel(
     for r0 in range(0, batch_size, SCAN):
         rows = r0 + tl.arange(0, SCAN)
         writes, src, dst = _writers(r0, rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool,
-                                    src_stride, mask_stride, dst_stride, SCAN)
+                                    src_stride, mask_stride, dst_stride, SCAN, TILE)
         rank = tl.cumsum(writes, axis=0)  # 1-based among this block's writers
         count = tl.sum(writes, axis=0)
         first = done * per_row
@@ -147,10 +155,12 @@ def _track_kernel(
 
 
 # The original's work shape, which the benchmark holds against it: 32 KiB chunks copied in
-# 8192-element steps by 8 warps, 4 programs per SM; rows compared 64 at a time (one block
-# holds a 64-request batch). See docs/design/mamba_track_states.md.
+# 8192-element steps by 8 warps, 4 programs per SM. Rows are taken 64 at a time and compared
+# with later rows 16 at a time: a 64 x 64 comparison tile cost ~60 more registers per thread
+# (ptxas, sm_90). See docs/design/mamba_track_states.md.
 TUNING = {"chunk_bytes": 32768, "block": 8192, "num_warps": 8, "programs_per_sm": 4}
 SCAN = 64
+TILE = 16
 # Programs when no GPU can be asked (tracing on a CPU-only machine): an H200's 132 SMs. The
 # result does not depend on the program count.
 DEFAULT_SMS = 132
@@ -182,7 +192,7 @@ def _launch(kernel, programs, conv, ssm, cache_indices, mask, track_indices, bat
         conv_numel, ssm_numel,
         conv_strides[0], conv_strides[1], ssm_strides[0], ssm_strides[1],
         cache_indices.stride(0), mask.stride(0), track_indices.stride(0),
-        CONV_CHUNK=conv_chunk, SSM_CHUNK=ssm_chunk, BLOCK=block, SCAN=SCAN,
+        CONV_CHUNK=conv_chunk, SSM_CHUNK=ssm_chunk, BLOCK=block, SCAN=SCAN, TILE=TILE,
         num_warps=num_warps,
     )
 
