@@ -9,23 +9,23 @@ cold L2, and host wall time per call) and CUDA-graph replay, against the floor: 
 written over the copy bandwidth measured in this run. Results are checked bit for bit against
 the reference and the original.
 
-    python benchmarks/bench_mamba_after_verify.py --out benchmarks/results/h200
+    python benchmarks/bench_mamba_after_verify.py [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from strictops.ops import mamba_after_verify as m
 from strictops.ops import scatter_mamba_states_after_mtp_verify
 from strictops.ops.conv_window_scatter import window_view
+from strictops.ops.mamba_after_verify import MambaCaches
 
 from _harness import (
+    anchor_module,
+    arg_parser,
+    parse_args,
     Report,
     copy_bandwidth_bytes_per_us,
     graph_replay_us,
@@ -34,30 +34,19 @@ from _harness import (
     wall_us,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 LAYERS, CACHE, REQUESTS, DRAFT = 36, 512, 64, 4
 SSM_STATE, CONV_DIM, KM1 = (8, 128, 128), 2048, 2
 
 
-@dataclass
-class Caches:
-    temporal: torch.Tensor
-    intermediate_ssm: torch.Tensor
-    conv: list
-    intermediate_conv_window: list
-
-
 def _original():
     """sglang's function, with the int64 pointer table its multi-pair conv path reads."""
-    if not (ROOT / ".anchor" / "sgl_mamba.py").is_file():
+    sgl = anchor_module("sgl_mamba")
+    if sgl is None:
         return None
-    sys.path.insert(0, str(ROOT / ".anchor"))
-    import sgl_mamba
-
-    if sgl_mamba.make_ptr_table is None:
-        sgl_mamba.make_ptr_table = lambda rows, device: torch.tensor(rows, dtype=torch.int64,
-                                                                     device=device)
-    return sgl_mamba.scatter_mamba_states_after_mtp_verify
+    if sgl.make_ptr_table is None:
+        sgl.make_ptr_table = lambda rows, device: torch.tensor(rows, dtype=torch.int64,
+                                                               device=device)
+    return sgl.scatter_mamba_states_after_mtp_verify
 
 
 def _inputs(gen):
@@ -65,7 +54,7 @@ def _inputs(gen):
         return torch.randn(shape, device="cuda", generator=gen).to(dtype)
 
     shared = rand(LAYERS, REQUESTS, CONV_DIM, DRAFT + KM1 - 1, dtype=torch.bfloat16)
-    caches = Caches(rand(LAYERS, CACHE, *SSM_STATE), rand(LAYERS, REQUESTS, DRAFT, *SSM_STATE),
+    caches = MambaCaches(rand(LAYERS, CACHE, *SSM_STATE), rand(LAYERS, REQUESTS, DRAFT, *SSM_STATE),
                     [rand(LAYERS, CACHE, CONV_DIM, KM1, dtype=torch.bfloat16)],
                     [window_view(shared, DRAFT, KM1)])
     slots = torch.randperm(CACHE // 2, device="cuda", generator=gen)[:REQUESTS].to(torch.int32)
@@ -77,19 +66,17 @@ def _inputs(gen):
     return caches, slots, steps, track_slots, track_steps
 
 
-def _clone(c: Caches) -> Caches:
-    return Caches(c.temporal.clone(), c.intermediate_ssm, [t.clone() for t in c.conv],
+def _clone(c: MambaCaches) -> MambaCaches:
+    return MambaCaches(c.temporal.clone(), c.intermediate_ssm, [t.clone() for t in c.conv],
                   c.intermediate_conv_window)
 
 
-def _equal(a: Caches, ssm, convs) -> bool:
+def _equal(a: MambaCaches, ssm, convs) -> bool:
     return torch.equal(a.temporal, ssm) and all(torch.equal(x, y) for x, y in zip(a.conv, convs))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
-    args = ap.parse_args()
+    args = parse_args(arg_parser(__doc__))
     original = _original()
     gen = torch.Generator(device="cuda").manual_seed(20261201)
     report = Report("mamba_after_verify")

@@ -4,41 +4,40 @@ A launch-bound op (a few hundred bytes): what counts is the eager host cost per 
 device time of a CUDA-graph replay, against a trivial kernel's replay measured in the same run
 (the ceiling for one launch). Every result is checked against the reference.
 
-    python benchmarks/bench_mamba_commit_indices.py --out benchmarks/results/h200
+    python benchmarks/bench_mamba_commit_indices.py [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
 
 import torch
 
 from strictops.ops import fused_commit_track_indices
 from strictops.ops import mamba_commit_indices as m
 
-from _harness import Report, graph_replay_us, grouped_bars, median_us, wall_us
+from _harness import (
+    Report,
+    anchor_module,
+    arg_parser,
+    graph_replay_us,
+    grouped_bars,
+    median_us,
+    parse_args,
+    wall_us,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 # (name, requests, draft tokens, interval, with seq_lens)
 SHAPES = [("64req_track", 64, 4, 8, True), ("64req", 64, 4, 8, False),
           ("512req_track", 512, 4, 8, True)]
 
 
 def _original():
-    if not (ROOT / ".anchor" / "sgl_mamba.py").is_file():
-        return None
-    sys.path.insert(0, str(ROOT / ".anchor"))
-    import sgl_mamba
-
-    return sgl_mamba.fused_commit_track_indices
+    sgl = anchor_module("sgl_mamba")
+    return None if sgl is None else sgl.fused_commit_track_indices
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
-    args = ap.parse_args()
+    args = parse_args(arg_parser(__doc__))
     original = _original()
     report = Report("mamba_commit_indices")
     one = torch.zeros(1, device="cuda")

@@ -6,14 +6,11 @@ bf16, 64 requests, 0 / 1 / 8 / 64 of them tracked. Ours and the original in one 
 over the copy bandwidth measured in this run). Every result is checked bit for bit against the
 reference (and the original).
 
-    python benchmarks/bench_mamba_track_states.py --out benchmarks/results/h200
+    python benchmarks/bench_mamba_track_states.py [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
 
 import torch
 
@@ -21,6 +18,9 @@ from strictops.ops import mamba_track_states as m
 from strictops.ops import track_mamba_states_all_layers
 
 from _harness import (
+    anchor_module,
+    arg_parser,
+    parse_args,
     Report,
     copy_bandwidth_bytes_per_us,
     graph_replay_us,
@@ -29,7 +29,6 @@ from _harness import (
     wall_us,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 LAYERS, POOL, REQUESTS = 36, 512, 64
 CONV, SSM = ((2048, 3), torch.bfloat16), ((8, 128, 128), torch.float32)
 TRACKED = [0, 1, 8, 64]
@@ -41,18 +40,12 @@ VARIANTS = [{"chunk_bytes": c, "block": b, "num_warps": w, "programs_per_sm": p}
 
 
 def _original():
-    if not (ROOT / ".anchor" / "sgl_mamba.py").is_file():
-        return None
-    sys.path.insert(0, str(ROOT / ".anchor"))
-    import sgl_mamba
-
-    return sgl_mamba.track_mamba_states_all_layers
+    sgl = anchor_module("sgl_mamba")
+    return None if sgl is None else sgl.track_mamba_states_all_layers
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
-    args = ap.parse_args()
+    args = parse_args(arg_parser(__doc__))
     original = _original()
     gen = torch.Generator(device="cuda").manual_seed(20261201)
     report = Report("mamba_track_states")

@@ -11,8 +11,6 @@ replays new indices and lengths and equals the reference each time.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
@@ -21,6 +19,7 @@ from strictops.meta import conv_window_scatter as conv_contract
 from strictops.meta._specs import TensorSpec
 from strictops.meta.testing import build, capture_cuda_graph, dynamo_error_text, fake_mode, gpu
 from strictops.ops.conv_window_scatter import window_view
+from strictops.ops.mamba_after_verify import MambaCaches
 from strictops.ops import (
     fused_commit_track_indices,
     mamba_after_verify,
@@ -33,14 +32,6 @@ from strictops.ops import (
 # Fixed model sizes (pairwise distinct, none equal to a batch size below).
 LAYERS, CACHE, DRAFT, SSM_STATE, CONV_TYPES, INTERVAL = 3, 40, 4, (5, 6), [(11, 2), (17, 5)], 8
 BATCHES = (7, 9, 13)
-
-
-@dataclasses.dataclass
-class Caches:
-    temporal: torch.Tensor
-    intermediate_ssm: torch.Tensor
-    conv: list
-    intermediate_conv_window: list
 
 
 def _spec(batch: int, device: str = "cuda:0") -> dict:
@@ -62,9 +53,9 @@ def _spec(batch: int, device: str = "cuda:0") -> dict:
     return spec
 
 
-def _split(args: dict) -> tuple[Caches, dict]:
+def _split(args: dict) -> tuple[MambaCaches, dict]:
     n = len(CONV_TYPES)
-    caches = Caches(args.pop("temporal"), args.pop("intermediate_ssm"),
+    caches = MambaCaches(args.pop("temporal"), args.pop("intermediate_ssm"),
                     [args.pop(f"conv{k}") for k in range(n)],
                     [args.pop(f"window{k}") for k in range(n)])
     return caches, args
@@ -120,7 +111,7 @@ def test_a_bad_cache_fails_at_trace_time_with_the_scatter_message():
 # GPU
 
 
-def _real(seed: int, batch: int) -> tuple[Caches, dict]:
+def _real(seed: int, batch: int) -> tuple[MambaCaches, dict]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     args = {}
     for name, s in _spec(batch, "cuda").items():
@@ -144,7 +135,7 @@ def _real(seed: int, batch: int) -> tuple[Caches, dict]:
     return _split(args)
 
 
-def _expected(caches: Caches, args: dict):
+def _expected(caches: MambaCaches, args: dict):
     last, to_track = mamba_commit_indices.reference(args["accept_index"], args["accept_lens"],
                                                     args["seq_lens"], DRAFT, INTERVAL)
     ssm, convs = mamba_after_verify.reference(caches, args["state_indices_tensor"], last,
@@ -155,7 +146,7 @@ def _expected(caches: Caches, args: dict):
     return last, to_track, ssm, [conv0, *convs[1:]]
 
 
-def _check(caches: Caches, out, expected) -> None:
+def _check(caches: MambaCaches, out, expected) -> None:
     last, to_track, ssm, convs = expected
     assert torch.equal(out[0], last) and torch.equal(out[1], to_track)
     assert torch.equal(caches.temporal, ssm)

@@ -18,7 +18,8 @@ sizes known at trace time only, so a traced call never guards on a size.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+import dataclasses
+from typing import Optional, Sequence
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -29,9 +30,10 @@ from .mamba_state_scatter import fused_mamba_state_scatter_with_mask
 __all__ = ["MambaCaches", "scatter_mamba_states_after_mtp_verify", "reference"]
 
 
-class MambaCaches(Protocol):
-    """What ``scatter_mamba_states_after_mtp_verify`` reads of the cache object (sglang's
-    ``MambaPool`` speculative state, or any object with these attributes)."""
+@dataclasses.dataclass
+class MambaCaches:
+    """What ``scatter_mamba_states_after_mtp_verify`` reads of its cache argument; sglang's
+    speculative cache object, or any other object with these attributes, will do as well."""
 
     temporal: torch.Tensor  # [num_layers, cache_size, *ssm_state]
     intermediate_ssm: torch.Tensor  # [num_layers, spec_size, draft_tokens, *ssm_state]

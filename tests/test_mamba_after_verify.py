@@ -10,7 +10,6 @@ model's shapes, with and without tracking.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from unittest import mock
 
@@ -23,23 +22,14 @@ from strictops.meta.strategies import mamba_state_scatter as index_values_of
 from strictops.meta.testing import anchor_module, gpu, raised
 from strictops.ops import conv_window_scatter, mamba_state_scatter
 from strictops.ops import mamba_after_verify as op
+from strictops.ops.mamba_after_verify import MambaCaches
 from strictops.ops import scatter_mamba_states_after_mtp_verify
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@dataclasses.dataclass
-class Caches:
-    """The attributes sglang's cache object has (any object with them will do)."""
-
-    temporal: torch.Tensor
-    intermediate_ssm: torch.Tensor
-    conv: list
-    intermediate_conv_window: list
-
-
 def make_caches(layers, cache, spec, draft, ssm_state, conv_types, device, gen,
-                ssm_dtype=torch.float32, conv_dtype=torch.bfloat16) -> Caches:
+                ssm_dtype=torch.float32, conv_dtype=torch.bfloat16) -> MambaCaches:
     """Random caches: ``conv_types`` is a list of ``(dim, K-1)``; each window is an
     overlapping view of a shared ``[layers, spec, dim, draft + K - 2]`` buffer, as sglang
     lays it out."""
@@ -51,7 +41,7 @@ def make_caches(layers, cache, spec, draft, ssm_state, conv_types, device, gen,
         convs.append(rand(layers, cache, dim, km1, dtype=conv_dtype))
         shared = rand(layers, spec, dim, draft + km1 - 1, dtype=conv_dtype)
         windows.append(conv_window_scatter.window_view(shared, draft, km1))
-    return Caches(rand(layers, cache, *ssm_state, dtype=ssm_dtype),
+    return MambaCaches(rand(layers, cache, *ssm_state, dtype=ssm_dtype),
                   rand(layers, spec, draft, *ssm_state, dtype=ssm_dtype), convs, windows)
 
 
@@ -79,7 +69,7 @@ def _index_args(draw, n, cache, spec, draft, track: bool, with_src: bool) -> dic
             "src_indices_raw": t(commit["src_indices_raw"], torch.int32)}
 
 
-def _equal(caches: Caches, expected) -> bool:
+def _equal(caches: MambaCaches, expected) -> bool:
     ssm, convs = expected
     return torch.equal(caches.temporal, ssm) and all(
         torch.equal(c, e) for c, e in zip(caches.conv, convs))
@@ -127,7 +117,7 @@ def test_empty_caches_are_skipped():
 
 
 def test_a_track_set_without_steps_is_refused():
-    caches = Caches(torch.empty(0), torch.empty(0), [], [])
+    caches = MambaCaches(torch.empty(0), torch.empty(0), [], [])
     idx = torch.zeros(3, dtype=torch.int64)
     err = raised(scatter_mamba_states_after_mtp_verify, caches, idx, idx, idx, None)
     assert (type(err), str(err)) == (ValueError, "Expected mamba_steps_to_track with "
@@ -167,9 +157,9 @@ def model_inputs(gen, track: bool, with_src: bool, layers=LAYERS):
     return caches, args
 
 
-def _clone(caches: Caches) -> Caches:
-    return Caches(caches.temporal.clone(), caches.intermediate_ssm, [c.clone() for c in caches.conv],
-                  caches.intermediate_conv_window)
+def _clone(caches: MambaCaches) -> MambaCaches:
+    return MambaCaches(caches.temporal.clone(), caches.intermediate_ssm,
+                       [c.clone() for c in caches.conv], caches.intermediate_conv_window)
 
 
 @gpu
