@@ -71,16 +71,19 @@ def _writers(r0, rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride,
     src = tl.load(src_ptr + rows * src_stride, mask=in_batch, other=-1).to(tl.int64)
     dst = tl.load(dst_ptr + rows * dst_stride, mask=in_batch, other=-1).to(tl.int64)
     valid = in_batch & track & (src >= 0) & (src < pool) & (dst >= 0) & (dst < pool)
+    key = tl.where(valid, dst, -1)  # -1: the row does not write (never equal to a later key)
     later = tl.zeros([SCAN], dtype=tl.int32)
-    for j0 in range(r0, batch_size, TILE):
-        cols = j0 + tl.arange(0, TILE)
-        in_j = cols < batch_size
-        t_j = tl.load(mask_ptr + cols * mask_stride, mask=in_j, other=0) != 0
-        s_j = tl.load(src_ptr + cols * src_stride, mask=in_j, other=-1).to(tl.int64)
-        d_j = tl.load(dst_ptr + cols * dst_stride, mask=in_j, other=-1).to(tl.int64)
-        v_j = in_j & t_j & (s_j >= 0) & (s_j < pool) & (d_j >= 0) & (d_j < pool)
-        same = (dst[:, None] == d_j[None, :]) & v_j[None, :] & (cols[None, :] > rows[:, None])
-        later = later | tl.max(same.to(tl.int32), axis=1)
+    if tl.max(valid.to(tl.int32), axis=0) > 0:  # no writer here: nothing to compare
+        for j0 in range(r0, batch_size, TILE):
+            cols = j0 + tl.arange(0, TILE)
+            in_j = cols < batch_size
+            t_j = tl.load(mask_ptr + cols * mask_stride, mask=in_j, other=0) != 0
+            s_j = tl.load(src_ptr + cols * src_stride, mask=in_j, other=-1).to(tl.int64)
+            d_j = tl.load(dst_ptr + cols * dst_stride, mask=in_j, other=-1).to(tl.int64)
+            v_j = in_j & t_j & (s_j >= 0) & (s_j < pool) & (d_j >= 0) & (d_j < pool)
+            key_j = tl.where(v_j, d_j, -2)
+            same = (key[:, None] == key_j[None, :]) & (cols[None, :] > rows[:, None])
+            later = later | tl.max(same.to(tl.int32), axis=1)
     return (valid & (later == 0)).to(tl.int32), src, dst
 
 
@@ -156,11 +159,11 @@ def _track_kernel(
 
 # The original's work shape, which the benchmark holds against it: 32 KiB chunks copied in
 # 8192-element steps by 8 warps, 4 programs per SM. Rows are taken 64 at a time and compared
-# with later rows 16 at a time: a 64 x 64 comparison tile cost ~60 more registers per thread
-# (ptxas, sm_90). See docs/design/mamba_track_states.md.
+# with later rows 32 at a time: a 64 x 64 comparison tile costs ~100 more registers per thread
+# (ptxas, sm_90), a 64 x 16 one twice the load rounds. See docs/design/mamba_track_states.md.
 TUNING = {"chunk_bytes": 32768, "block": 8192, "num_warps": 8, "programs_per_sm": 4}
 SCAN = 64
-TILE = 16
+TILE = 32
 # Programs when no GPU can be asked (tracing on a CPU-only machine): an H200's 132 SMs. The
 # result does not depend on the program count.
 DEFAULT_SMS = 132
