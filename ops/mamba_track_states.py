@@ -75,7 +75,7 @@ def _writers(r0, rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride,
     later = tl.zeros([SCAN], dtype=tl.int32)
     if tl.max(valid.to(tl.int32), axis=0) > 0:  # no writer here: nothing to compare
         for j0 in range(r0, batch_size, TILE):
-            cols = j0 + tl.arange(0, TILE)
+            cols = j0 + tl.arange(0, TILE).to(tl.int64)
             in_j = cols < batch_size
             t_j = tl.load(mask_ptr + cols * mask_stride, mask=in_j, other=0) != 0
             s_j = tl.load(src_ptr + cols * src_stride, mask=in_j, other=-1).to(tl.int64)
@@ -131,7 +131,7 @@ def _track_kernel(
     per_row = chunks.to(tl.int64) * num_layers
     done = tl.zeros([], dtype=tl.int64)  # writing rows in earlier blocks
     for r0 in range(0, batch_size, SCAN):
-        rows = r0 + tl.arange(0, SCAN)
+        rows = r0 + tl.arange(0, SCAN).to(tl.int64)  # 64-bit: times a stride of any size
         writes, src, dst = _writers(r0, rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool,
                                     src_stride, mask_stride, dst_stride, SCAN, TILE)
         rank = tl.cumsum(writes, axis=0)  # 1-based among this block's writers
