@@ -75,7 +75,7 @@ def _equal(caches: MambaCaches, expected) -> bool:
         torch.equal(c, e) for c, e in zip(caches.conv, convs))
 
 
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=25)
 @given(data=st.data())
 def test_interpreted_composition_equals_reference(data):
     n, cache = data.draw(st.integers(0, 9)), data.draw(st.integers(1, 8))

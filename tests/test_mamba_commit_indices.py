@@ -83,7 +83,7 @@ def _equal(got, want) -> bool:
     return all((g is None and w is None) or torch.equal(g, w) for g, w in zip(got, want))
 
 
-@settings(SETTINGS, max_examples=150)
+@settings(SETTINGS, max_examples=80)
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
     d = data.draw(calls_of.dims(device="cpu"))

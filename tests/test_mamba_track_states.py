@@ -98,7 +98,7 @@ class TestMessages(expecttest.TestCase):
         assert str(err).startswith("Expected ssm_states_pool entry dims (dims 2..4) contiguous")
 
 
-@settings(SETTINGS, max_examples=100)
+@settings(SETTINGS, max_examples=50)
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
     d = data.draw(calls_of.dims(device="cpu"))
