@@ -21,18 +21,14 @@ from strictops.meta import sparse_mla_prefill as smp
 from strictops.meta import transport_pool as tp
 from strictops.meta._contract import CachedValidation, Check, Contract
 from strictops.meta._specs import TensorSpec, build
-from strictops.meta.testing import (
-    CAN_NAME_SECOND_GPU,
-    SPARSE_MLA_SECOND_GPU_RULES,
-    fake_mode,
-    mamba_dims,
-    sparse_mla_dims,
-    transport_dims,
-)
+from strictops.meta.strategies import mamba_state_scatter as mss_calls
+from strictops.meta.strategies import sparse_mla_prefill as smp_calls
+from strictops.meta.strategies import transport_pool as tp_calls
+from strictops.meta.testing import CAN_NAME_SECOND_GPU, SPARSE_MLA_SECOND_GPU_RULES, fake_mode
 
-CONTRACTS = {"mamba_state_scatter": (mss, mamba_dims),
-             "sparse_mla_prefill": (smp, sparse_mla_dims),
-             "transport_pool": (tp, transport_dims)}
+CONTRACTS = {"mamba_state_scatter": (mss, mss_calls.dims),
+             "sparse_mla_prefill": (smp, smp_calls.dims),
+             "transport_pool": (tp, tp_calls.dims)}
 OTHER_DTYPES = (torch.float32, torch.int32, torch.int64, torch.bfloat16, torch.uint8,
                 torch.float8_e4m3fn)
 
