@@ -109,11 +109,13 @@ CHECKS = (
 CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="mamba_commit_indices", checks=CHECKS)
 
 
+ARGUMENTS = ("accept_index", "accept_lens", "seq_lens", "draft_token_num", "mamba_track_interval")
+
+
 def validate(accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval) -> None:
     """Run the contract on real, fake or symbolic arguments; raise the first broken rule."""
-    CONTRACT.validate(accept_index=accept_index, accept_lens=accept_lens, seq_lens=seq_lens,
-                      draft_token_num=draft_token_num,
-                      mamba_track_interval=mamba_track_interval)
+    CONTRACT.validate(**dict(zip(ARGUMENTS, (accept_index, accept_lens, seq_lens,
+                                              draft_token_num, mamba_track_interval))))
 
 
 # --------------------------------------------------------------------------------------------

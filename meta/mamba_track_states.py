@@ -130,13 +130,16 @@ CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="mamba_track_states", check
                     mutates=("conv_states_pool", "ssm_states_pool"))
 
 
+ARGUMENTS = ("conv_states_pool", "ssm_states_pool", "cache_indices", "mamba_track_mask",
+             "mamba_track_indices", "batch_size", "check_freed_slots")
+
+
 def validate(conv_states_pool, ssm_states_pool, cache_indices, mamba_track_mask,
              mamba_track_indices, batch_size, check_freed_slots=False) -> None:
     """Run the contract on real, fake or symbolic arguments; raise the first broken rule."""
-    CONTRACT.validate(conv_states_pool=conv_states_pool, ssm_states_pool=ssm_states_pool,
-                      cache_indices=cache_indices, mamba_track_mask=mamba_track_mask,
-                      mamba_track_indices=mamba_track_indices, batch_size=batch_size,
-                      check_freed_slots=check_freed_slots)
+    CONTRACT.validate(**dict(zip(ARGUMENTS, (
+        conv_states_pool, ssm_states_pool, cache_indices, mamba_track_mask, mamba_track_indices,
+        batch_size, check_freed_slots))))
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,9 +38,11 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import mamba_commit_indices as contract
+from strictops.meta._contract import CachedValidation
 
 from ._dispatch import can_skip_dispatcher, on_device_of
 from ._interpret import interpreted
+from ._launcher import Launcher, keyword_constexprs
 
 __all__ = [
     "fused_commit_track_indices",
@@ -102,37 +104,59 @@ BLOCK = 128
 NUM_WARPS = 4
 
 
-def _launch(kernel, accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval,
-            last_correct, steps_to_track):
+def _arguments(accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval,
+               last_correct, steps_to_track):
+    """The grid and every kernel parameter, in signature order, of a call on validated inputs."""
     batch = accept_lens.shape[0]
     track = seq_lens is not None
     lens_src = seq_lens if track else accept_lens
-    kernel[((batch + BLOCK - 1) // BLOCK, 1, 1)](
+    return ((batch + BLOCK - 1) // BLOCK, 1, 1), (
         accept_index, accept_lens, lens_src, last_correct, steps_to_track,
         batch, accept_index.shape[1], draft_token_num, mamba_track_interval if track else 1,
         accept_index.stride(0), accept_index.stride(1), accept_lens.stride(0),
-        lens_src.stride(0),
-        HAS_TRACK=track, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        lens_src.stride(0), track, BLOCK,
     )
+
+
+def _allocate(accept_lens, seq_lens):
+    """Both results (the second empty without ``seq_lens``)."""
+    batch, device = accept_lens.shape[0], accept_lens.device
+    return (torch.empty(batch, dtype=torch.int64, device=device),
+            torch.empty(batch if seq_lens is not None else 0, dtype=torch.int64, device=device))
 
 
 def _run(kernel, real_launch, accept_index, accept_lens, seq_lens, draft_token_num,
          mamba_track_interval):
-    """Allocate both results (the second empty without ``seq_lens``) and launch."""
-    batch, device = accept_lens.shape[0], accept_lens.device
-    last_correct = torch.empty(batch, dtype=torch.int64, device=device)
-    steps_to_track = torch.empty(batch if seq_lens is not None else 0, dtype=torch.int64,
-                                 device=device)
+    """Allocate both results and launch ``kernel`` (a JIT, wrapped or interpreted one)."""
+    results = _allocate(accept_lens, seq_lens)
+    grid, args = _arguments(accept_index, accept_lens, seq_lens, draft_token_num,
+                            mamba_track_interval, *results)
+    runtime, constexprs = keyword_constexprs(_commit_kernel, args)
     with on_device_of(accept_lens, real_launch):
-        _launch(kernel, accept_index, accept_lens, seq_lens, draft_token_num,
-                mamba_track_interval, last_correct, steps_to_track)
-    return last_correct, steps_to_track
+        kernel[grid](*runtime, **constexprs, num_warps=NUM_WARPS)
+    return results
 
 
 def _forward(kernel, real_launch, *args):
     """Validate, then allocate and launch."""
     contract.validate(*args)
     return _run(kernel, real_launch, *args)
+
+
+# The eager path: the contract's verdict cached per metadata signature, the kernel launched
+# through its cached launcher (strictops.ops._launcher); the same rules and the same launch.
+_VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
+_LAUNCHER = Launcher(_commit_kernel)
+_OPTIONS = (("num_warps", NUM_WARPS),)
+
+
+def _eager(accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval):
+    _VALIDATION(accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval)
+    results = _allocate(accept_lens, seq_lens)
+    grid, args = _arguments(accept_index, accept_lens, seq_lens, draft_token_num,
+                            mamba_track_interval, *results)
+    _LAUNCHER(grid, args, _OPTIONS, accept_lens.get_device())
+    return results
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=())
@@ -179,7 +203,7 @@ def fused_commit_track_indices(
     """
     args = (accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval)
     if can_skip_dispatcher(accept_index, accept_lens, seq_lens):
-        last_correct, steps_to_track = _forward(_commit_kernel, True, *args)
+        last_correct, steps_to_track = _eager(*args)
     else:
         last_correct, steps_to_track = torch.ops.strictops.fused_commit_track_indices(*args)
     return last_correct, (steps_to_track if seq_lens is not None else None)

@@ -32,9 +32,11 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import mamba_track_states as contract
+from strictops.meta._contract import CachedValidation
 
 from ._dispatch import can_skip_dispatcher, on_device_of
 from ._interpret import interpreted
+from ._launcher import Launcher, keyword_constexprs
 
 __all__ = [
     "track_mamba_states_all_layers",
@@ -179,9 +181,10 @@ def _programs(t: torch.Tensor, real_launch: bool) -> int:
     return TUNING["programs_per_sm"] * sms
 
 
-def _launch(kernel, programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
-            chunk_bytes=TUNING["chunk_bytes"], block=TUNING["block"],
-            num_warps=TUNING["num_warps"]):
+def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
+               chunk_bytes=TUNING["chunk_bytes"], block=TUNING["block"]):
+    """The grid and every kernel parameter, in signature order, of a call on validated inputs
+    (``torch.sym_min``: sizes may be symbolic)."""
     conv_shape, ssm_shape = conv.shape, ssm.shape
     conv_numel, ssm_numel = math.prod(conv_shape[2:]), math.prod(ssm_shape[2:])
     conv_chunk = max(block, chunk_bytes // conv.element_size())
@@ -189,15 +192,24 @@ def _launch(kernel, programs, conv, ssm, cache_indices, mask, track_indices, bat
     items = batch_size * conv_shape[0] * (
         (conv_numel + conv_chunk - 1) // conv_chunk + (ssm_numel + ssm_chunk - 1) // ssm_chunk)
     conv_strides, ssm_strides = conv.stride(), ssm.stride()
-    kernel[(torch.sym_min(items, programs), 1, 1)](
+    return (torch.sym_min(items, programs), 1, 1), (
         conv, ssm, cache_indices, mask, track_indices,
         batch_size, conv_shape[0], torch.sym_min(conv_shape[1], ssm_shape[1]),
         conv_numel, ssm_numel,
         conv_strides[0], conv_strides[1], ssm_strides[0], ssm_strides[1],
         cache_indices.stride(0), mask.stride(0), track_indices.stride(0),
-        CONV_CHUNK=conv_chunk, SSM_CHUNK=ssm_chunk, BLOCK=block, SCAN=SCAN, TILE=TILE,
-        num_warps=num_warps,
+        conv_chunk, ssm_chunk, block, SCAN, TILE,
     )
+
+
+def _launch(kernel, programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
+            chunk_bytes=TUNING["chunk_bytes"], block=TUNING["block"],
+            num_warps=TUNING["num_warps"]):
+    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
+    grid, args = _arguments(programs, conv, ssm, cache_indices, mask, track_indices,
+                            batch_size, chunk_bytes, block)
+    runtime, constexprs = keyword_constexprs(_track_kernel, args)
+    kernel[grid](*runtime, **constexprs, num_warps=num_warps)
 
 
 def _forward(kernel, real_launch, conv, ssm, cache_indices, mask, track_indices, batch_size,
@@ -207,6 +219,21 @@ def _forward(kernel, real_launch, conv, ssm, cache_indices, mask, track_indices,
     with on_device_of(conv, real_launch):
         _launch(kernel, _programs(conv, real_launch), conv, ssm, cache_indices, mask,
                 track_indices, batch_size)
+
+
+# The eager path: the contract's verdict cached per metadata signature, the kernel launched
+# through its cached launcher (strictops.ops._launcher); the same rules and the same launch.
+_VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
+_LAUNCHER = Launcher(_track_kernel)
+_OPTIONS = (("num_warps", TUNING["num_warps"]),)
+
+
+def _eager(conv, ssm, cache_indices, mask, track_indices, batch_size, check_freed_slots):
+    _VALIDATION(conv, ssm, cache_indices, mask, track_indices, batch_size, check_freed_slots)
+    device = conv.get_device()
+    grid, args = _arguments(TUNING["programs_per_sm"] * _sm_count(device), conv, ssm,
+                            cache_indices, mask, track_indices, batch_size)
+    _LAUNCHER(grid, args, _OPTIONS, device)
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -263,7 +290,7 @@ def track_mamba_states_all_layers(
     args = (conv_states_pool, ssm_states_pool, cache_indices, mamba_track_mask,
             mamba_track_indices, batch_size, check_freed_slots)
     if can_skip_dispatcher(*args[:5]):
-        _forward(_track_kernel, True, *args)
+        _eager(*args)
         torch.autograd.graph.increment_version(conv_states_pool)
         torch.autograd.graph.increment_version(ssm_states_pool)
         return
