@@ -5,12 +5,14 @@ the op's eager path and fake registration both run it, and the tests derive thei
 """
 
 from ._contract import Check, ConcreteTensor, Contract, concrete, hint, hint_size
-from . import conv_window_scatter, mamba_state_scatter, sparse_mla_prefill
+from . import conv_window_scatter, conv_window_scatter_multi, mamba_state_scatter
+from . import sparse_mla_prefill
 from . import transport_pool
 
 CONTRACTS: dict[str, Contract] = {
     c.op: c
-    for c in (conv_window_scatter.CONTRACT, mamba_state_scatter.CONTRACT,
+    for c in (conv_window_scatter.CONTRACT, conv_window_scatter_multi.CONTRACT,
+              mamba_state_scatter.CONTRACT,
               sparse_mla_prefill.CONTRACT, transport_pool.CONTRACT)
 }
 
@@ -21,6 +23,7 @@ __all__ = [
     "Contract",
     "concrete",
     "conv_window_scatter",
+    "conv_window_scatter_multi",
     "hint",
     "hint_size",
     "mamba_state_scatter",

@@ -21,10 +21,11 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from . import conv_window_scatter as cws
+from . import conv_window_scatter_multi as cwm
 from . import mamba_state_scatter as mss
 from . import sparse_mla_prefill as smp
 from . import transport_pool as tp
-from ._specs import TensorSpec, build, buildable_here
+from ._specs import TensorSpec, build, build_value, buildable_here
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TWO_GPUS = HAS_CUDA and torch.cuda.device_count() >= 2
@@ -178,16 +179,15 @@ def build_symbolic(spec: dict, mode: FakeTensorMode) -> dict:
     """Like :func:`build`, but every size and stride is a symbol of ``mode``'s shape env: the
     tensors a dynamic-shape trace sees. Entries that are not tensor specs pass unchanged, and
     a spec that is not ``symbolic`` (a view into shared or offset storage) is built as is."""
-    out = {}
-    for name, s in spec.items():
-        if not isinstance(s, TensorSpec) or not s.symbolic:
-            out[name] = s.empty() if isinstance(s, TensorSpec) else s
-            continue
+    def make(s: TensorSpec) -> torch.Tensor:
+        if not s.symbolic:
+            return s.empty()
         real = torch.empty_strided(s.shape, s.strides, dtype=s.dtype, device="meta")
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * len(s.shape))
         sym = mode.from_tensor(real, symbolic_context=ctx)  # symbolic sizes, device "meta"
-        out[name] = torch.empty_strided(sym.shape, sym.stride(), dtype=s.dtype, device=s.device)
-    return out
+        return torch.empty_strided(sym.shape, sym.stride(), dtype=s.dtype, device=s.device)
+
+    return {name: build_value(s, make) for name, s in spec.items()}
 
 
 __all__ += [
@@ -461,6 +461,33 @@ def conv_window_index_values(draw, d: cws.Dims) -> dict:
     return mamba_index_values(draw, d)
 
 
+def conv_window_tensors(dims: cws.Dims, values: dict, device: str, gen: torch.Generator) -> dict:
+    """Real tensors for ``dims``: random conv states (never all zeros), ``src`` an overlapping
+    window view of a random shared buffer when ``dims.overlapping``, and the index ``values``
+    (``{name: list or None}``)."""
+    def random(*shape):
+        if dims.dtype.is_floating_point:
+            return torch.randn(shape, generator=gen).to(dtype=dims.dtype, device=device)
+        return torch.randint(-100, 100, shape, generator=gen).to(dtype=dims.dtype, device=device)
+
+    L, spec, draft, dim, km1 = (dims.num_layers, dims.spec_size, dims.draft_tokens, dims.dim,
+                                dims.km1)
+    if dims.overlapping:
+        width = draft + km1 - 1
+        src = random(L, spec, dim, width).as_strided(
+            (L, spec, draft, dim, km1), (spec * dim * width, dim * width, 1, width, 1))
+    else:
+        src = random(L, spec, draft, dim, km1)
+    return {"dst": random(L, dims.cache_size, dim, km1), "src": src,
+            **_index_tensors(cws.valid_spec(dims), values, device)}
+
+
+def _index_tensors(specs: dict, values: dict, device: str) -> dict:
+    return {name: None if vals is None else torch.tensor(vals, dtype=specs[name].dtype,
+                                                         device=device)
+            for name, vals in values.items()}
+
+
 @st.composite
 def conv_window_near_miss(draw, device: str = "cuda:0"):
     """(rule, spec) where ``spec`` breaks exactly ``rule`` of the contract."""
@@ -473,4 +500,82 @@ __all__ += [
     "conv_window_dims",
     "conv_window_index_values",
     "conv_window_near_miss",
+    "conv_window_tensors",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# fused_conv_window_scatter_multi
+
+# Rules whose near miss puts a pair on a second GPU (a CPU tensor would break an earlier rule).
+CONV_WINDOW_MULTI_SECOND_GPU_RULES = frozenset({"one_device"})
+
+
+@st.composite
+def conv_window_multi_dims(draw, device: str = "cuda:0",
+                           max_pairs: int = cwm.MAX_PAIRS) -> cwm.Dims:
+    """Valid call dimensions: 1 to ``max_pairs`` pairs of any dims, widths and dtypes, one or
+    two request sets (either may be empty), overlapping or contiguous windows."""
+    one = draw(conv_window_dims(device=device))
+    windows = draw(st.lists(
+        st.tuples(st.integers(1, 20), st.integers(1, 5), st.sampled_from(CONV_WINDOW_DTYPES)),
+        min_size=1, max_size=max_pairs))
+    return cwm.Dims(
+        num_layers=one.num_layers, cache_size=one.cache_size, spec_size=one.spec_size,
+        draft_tokens=one.draft_tokens, windows=tuple(windows), n1=one.total_requests,
+        n2=draw(st.one_of(st.none(), st.integers(0, 8))),
+        index_dtypes=tuple(draw(st.sampled_from(mss.INDEX_DTYPES))
+                           for _ in range(4)),
+        overlapping=one.overlapping, device=device,
+    )
+
+
+def conv_window_multi_index_values(draw, d: cwm.Dims) -> dict:
+    """Index values of both request sets, as :func:`mamba_index_values` draws them (rows are
+    the requests' positions, so a set longer than ``spec_size`` has out-of-range rows too)."""
+    def one_set(n):
+        return mamba_index_values(draw, mss.Dims(
+            num_layers=d.num_layers, cache_size=d.cache_size, spec_size=d.spec_size,
+            draft_tokens=d.draft_tokens, state_shape=(), total_requests=n))
+
+    first = one_set(d.n1)
+    second = one_set(d.n2) if d.n2 is not None else None
+    return {
+        "dst_indices_raw": first["dst_indices_raw"],
+        "step_indices_raw": first["step_indices_raw"],
+        "dst_indices2_raw": None if second is None else second["dst_indices_raw"],
+        "step_indices2_raw": None if second is None else second["step_indices_raw"],
+    }
+
+
+def conv_window_multi_tensors(dims: cwm.Dims, values: dict, device: str,
+                              gen: torch.Generator) -> dict:
+    """Real tensors for ``dims`` (each pair as :func:`conv_window_tensors` makes it) and the
+    index ``values``."""
+    dsts, srcs = [], []
+    for dim, km1, dtype in dims.windows:
+        pair = conv_window_tensors(
+            cws.Dims(dims.num_layers, dims.cache_size, dims.spec_size, dims.draft_tokens, dim,
+                     km1, 0, dtype=dtype, overlapping=dims.overlapping), {}, device, gen)
+        dsts.append(pair["dst"])
+        srcs.append(pair["src"])
+    return {"dsts": dsts, "srcs": srcs, **_index_tensors(cwm.valid_spec(dims), values, device)}
+
+
+@st.composite
+def conv_window_multi_near_miss(draw, device: str = "cuda:0"):
+    """(rule, spec) where ``spec`` breaks exactly ``rule`` of the contract; rules that need a
+    second GPU only where one can be named."""
+    rules = [r for r in cwm.CONTRACT.rules
+             if CAN_NAME_SECOND_GPU or r not in CONV_WINDOW_MULTI_SECOND_GPU_RULES]
+    rule = draw(st.sampled_from(rules))
+    return rule, cwm.NEAR_MISSES[rule](cwm.valid_spec(draw(conv_window_multi_dims(device=device))))
+
+
+__all__ += [
+    "CONV_WINDOW_MULTI_SECOND_GPU_RULES",
+    "conv_window_multi_dims",
+    "conv_window_multi_index_values",
+    "conv_window_multi_near_miss",
+    "conv_window_multi_tensors",
 ]

@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from strictops.meta import CONTRACTS
-from strictops.meta._specs import TensorSpec, build, buildable_here
+from strictops.meta._specs import TensorSpec, build, build_value, buildable_here
 from strictops.ops import OP_MODULES
 
 SEED = 0
@@ -64,8 +64,10 @@ def _short(op: str) -> str:
 
 
 def _public_function(op: str, module) -> Callable:
-    """The op's public function: its module's attribute named like the op."""
-    return getattr(module, _short(op))
+    """The op's public function, called with the op's own arguments: its module's
+    ``public_call`` where the public function takes them in another form, else the module's
+    attribute named like the op."""
+    return getattr(module, "public_call", None) or getattr(module, _short(op))
 
 
 def _example(module, device: str, small: bool) -> dict:
@@ -80,9 +82,9 @@ def _fake_spec(module) -> dict:
     symbol. Strides are left contiguous, as ``valid_spec`` describes them, so the near misses
     can change shapes freely.
     """
-    return {
-        name: TensorSpec(tuple(t.shape), t.dtype, FAKE_DEVICE) if isinstance(t, torch.Tensor)
-        else t  # None, Python scalars: passed as they are
+    return {  # tensors, also in a list (a Tensor[] argument); None, scalars: as they are
+        name: build_value(t, lambda t: TensorSpec(tuple(t.shape), t.dtype, FAKE_DEVICE),
+                          torch.Tensor)
         for name, t in _example(module, "cpu", small=True).items()
     }
 
@@ -122,14 +124,25 @@ def check_result(op: str, module) -> Row:
         run = functools.partial(module.launch_interpreted, reverse_programs=True)
         where = "Triton interpreter"
     (name,) = CONTRACTS[op].mutates
-    before = args[name].clone()
+    before = build_value(args[name], torch.clone, torch.Tensor)  # a tensor or a list of them
     expected = module.reference(**args)
     run(**args)
-    detail = f"{where}, {name} shape {list(before.shape)}"
+    detail = f"{where}, {name} shape {_shapes(before)}"
     # An example that writes nothing would let a kernel that does nothing pass.
-    if torch.equal(expected, before):
+    if _equal(expected, before):
         return Row(op, "exact result", False, f"{detail}: the example call writes nothing")
-    return Row(op, "exact result", torch.equal(args[name], expected), detail)
+    return Row(op, "exact result", _equal(args[name], expected), detail)
+
+
+def _equal(a, b) -> bool:
+    """``torch.equal`` for tensors and for lists of tensors (a ``Tensor[]`` output)."""
+    if isinstance(a, list):
+        return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b)
+
+
+def _shapes(t):
+    return [list(x.shape) for x in t] if isinstance(t, list) else list(t.shape)
 
 
 def check_trace(op: str, module, spec: dict) -> Row:

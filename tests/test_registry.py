@@ -14,7 +14,7 @@ import torch
 
 import strictops.ops  # noqa: F401  (registers torch.ops.strictops.*)
 from strictops.meta import CONTRACTS
-from strictops.meta._specs import TensorSpec, build
+from strictops.meta._specs import TensorSpec, build, build_value
 from strictops.meta.testing import fake_mode
 from strictops.ops import OP_MODULES
 
@@ -57,8 +57,8 @@ def test_fake_registration_runs_the_contract(op):
     entry = torch._library.simple_registry.singleton.find(op)
     assert entry.fake_impl.kernel is not None, f"{op} has no fake implementation"
     module = OP_MODULES[op]
-    spec = {k: TensorSpec(tuple(t.shape), t.dtype, "cuda:0") if isinstance(t, torch.Tensor)
-            else t  # None, Python scalars: passed as they are (as the self-check does)
+    spec = {k: build_value(t, lambda t: TensorSpec(tuple(t.shape), t.dtype, "cuda:0"),
+                           torch.Tensor)  # None, Python scalars: passed as they are
             for k, t in module.example_inputs("cpu", True, torch.Generator().manual_seed(0)).items()}
     rule = CONTRACTS[op].rules[-1]
     with fake_mode():
