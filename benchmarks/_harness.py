@@ -6,12 +6,15 @@ reported against ceilings measured in the same run:
 * copy bandwidth: a large device-to-device ``copy_``, counting bytes read plus bytes written;
 * dense FP8 GEMM rate (for compute-bound ops): ``torch._scaled_mm`` at 8192³.
 
-Results go to ``<out>/<name>.json`` (every number), ``<out>/<name>.md`` (a table) and
-``<out>/<name>.png`` (a plot).
+Results go to ``<out>/<stem>.json`` (every number), ``<out>/<stem>.md`` (a table) and
+``<out>/<stem>.png`` (a plot), ``<stem>`` being the op's file stem. ``<out>`` defaults to
+``benchmarks/results/<gpu>/`` (``h200`` for an NVIDIA H200): one current result set per GPU
+model, overwritten by every run; the history of the numbers is the repository's history.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
@@ -25,6 +28,30 @@ from triton.testing import do_bench
 
 WARMUP_MS = 50
 REP_MS = 400
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def results_dir() -> Path:
+    """``benchmarks/results/<gpu>/`` for GPU 0: its name, lower case, without the vendor
+    (``NVIDIA H200`` -> ``h200``)."""
+    name = torch.cuda.get_device_name(0).lower().removeprefix("nvidia").strip()
+    return RESULTS / name.replace(" ", "-")
+
+
+def arg_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's command line: ``--out`` (default :func:`results_dir`)."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for <stem>.json/.md/.png (default: benchmarks/results/<gpu>/)")
+    return ap
+
+
+def parse_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    args = ap.parse_args()
+    if args.out is None:
+        args.out = results_dir()
+    return args
 
 
 def median_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS,

@@ -10,12 +10,11 @@ move (the window read and written), and the bytes it touches (a window is half o
 with the reference and the original, a sweep of the kernel's tuning, and an eager call's host
 wall time.
 
-    python benchmarks/bench_conv_window_scatter.py --out benchmarks/results/h200
+    python benchmarks/bench_conv_window_scatter.py [--out DIR]   # default: benchmarks/results/<gpu>/
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
@@ -27,10 +26,12 @@ from strictops.ops import fused_conv_window_scatter_with_mask
 
 from _harness import (
     Report,
+    arg_parser,
     copy_bandwidth_bytes_per_us,
     graph_replay_us,
     grouped_bars,
     median_us,
+    parse_args,
     wall_us,
 )
 
@@ -79,9 +80,7 @@ def floors_us(layers, n_valid, dim, km1, draft, element_size, bw):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
-    args = ap.parse_args()
+    args = parse_args(arg_parser(__doc__))
 
     sgl = original()
     gen = torch.Generator(device="cuda").manual_seed(20261201)
@@ -99,12 +98,12 @@ def main() -> None:
             fused_conv_window_scatter_with_mask(dst, src, slots, steps)
 
         expected = m.reference(dst, src, slots, steps)
+        theirs_dst = dst.clone() if sgl is not None else None  # both start from the same pool
         ours()
         row = {"shape": name, "dst": f"{list(dst.shape)} {str(dtype)[6:]}", "valid": n_valid,
                "bit_exact": torch.equal(dst, expected), "floor_us": floor_us,
                "touched_floor_us": touched_us}
         if sgl is not None:
-            theirs_dst = dst.clone()
             sgl.fused_conv_window_scatter_with_mask(theirs_dst, src, slots, steps)
             row["equal_to_original"] = torch.equal(theirs_dst, dst)
 

@@ -1,18 +1,19 @@
-"""Benchmark: fused Mamba state scatter at the SPEC §1 shapes.
+"""Benchmark: ``fused_mamba_state_scatter_with_mask`` at serving shapes.
 
 For each shape: ours in eager mode, ours replayed from a CUDA graph, the unfused PyTorch path
 (nonzero + index_select + index_put), and the floor (bytes read + written over the copy
 bandwidth measured in this run). Also checks every output bit for bit against the reference,
 sweeps the kernel's tuning knobs, and times an eager call's host wall time.
 
-    python benchmarks/bench_mamba_state_scatter.py --out benchmarks/results
+    python benchmarks/bench_mamba_state_scatter.py [--out DIR]
+
+Results: ``benchmarks/results/<gpu>/mamba_state_scatter.{json,md,png}``; the design note
+``docs/design/mamba_state_scatter.md`` says what the numbers led to.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-from pathlib import Path
 
 import torch
 import triton
@@ -23,10 +24,12 @@ from strictops.ops import mamba_state_scatter as m
 
 from _harness import (
     Report,
+    arg_parser,
     copy_bandwidth_bytes_per_us,
     graph_replay_us,
     grouped_bars,
     median_us,
+    parse_args,
     wall_us,
 )
 
@@ -51,8 +54,9 @@ def _original_style_kernel(src_ptr, dst_ptr, dst_idx_ptr, step_idx_ptr, entry_nu
                            src_layer_stride, src_req_stride, src_step_stride,
                            dst_layer_stride, dst_slot_stride, spec_size, draft_tokens,
                            cache_size, BLOCK: tl.constexpr):
-    """Baseline written here with the original kernel's launch shape (SPEC §1's numbers):
-    grid (requests, layers, entry / 1024), 1024 elements a program, early exit on step < 0."""
+    """Baseline written here with the original kernel's launch shape, to calibrate this harness
+    against the original's published times: grid (requests, layers, entry / 1024), 1024
+    elements a program, early exit on step < 0."""
     req = tl.program_id(0)
     layer = tl.program_id(1).to(tl.int64)
     chunk = tl.program_id(2).to(tl.int64)
@@ -97,9 +101,8 @@ def make_inputs(layers, cache, state, dtype, requests, draft, valid, gen, layers
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    args = ap.parse_args()
+    ap = arg_parser(__doc__)
+    args = parse_args(ap)
 
     gen = torch.Generator(device="cuda").manual_seed(20261130)
     report = Report("mamba_state_scatter")

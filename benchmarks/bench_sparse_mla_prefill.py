@@ -1,4 +1,4 @@
-"""Benchmark: FP8 sparse MLA prefill at the SPEC §2 / issue 5 shapes.
+"""Benchmark: FP8 sparse MLA prefill (``sparse_mla_q8kv8_prefill_fwd``) at DeepSeek-V3.2 shapes.
 
 For each shape ``(s_q, s_kv, h_q, d_qk, topk)``, indices uniform in ``[0, s_kv)``: ours in eager
 mode (``do_bench`` median, L2 flushed) as TFLOPS (``2 * s_q * h_q * topk * (d_qk + d_v)`` per
@@ -10,15 +10,16 @@ tolerance); the compiled kernel's registers, spills and MMA instructions (FP8 an
 the op's default: on an sm_90 GPU the warp-specialised Gluon kernel. The plain Triton kernel is
 measured too (TFLOPS and error), and both kernels' tuning knobs are swept at the first shape.
 
-    python benchmarks/bench_sparse_mla_prefill.py --out benchmarks/results
+    python benchmarks/bench_sparse_mla_prefill.py [--shapes 0 2] [--out DIR]
+
+Results: ``benchmarks/results/<gpu>/sparse_mla_prefill.{json,md,png}``; the design note
+``docs/design/sparse_mla_prefill.md`` says what the numbers led to.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import re
-from pathlib import Path
 
 import torch
 
@@ -27,24 +28,25 @@ from strictops.ops import _sparse_mla_gluon as ws
 from strictops.ops import sparse_mla_prefill as m
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
-from _harness import Report, fp8_gemm_tflops, grouped_bars, median_us
+from _harness import Report, arg_parser, fp8_gemm_tflops, grouped_bars, median_us, parse_args
 
-# (s_q, s_kv, h_q, d_qk, topk), from the issue.
+# (s_q, s_kv, h_q, d_qk, topk): DeepSeek-V3.2 prefill (d_qk 576, topk 2048), a longer KV, the
+# smaller head dim, and a shorter prefill.
 SHAPES = [
     (4096, 8192, 128, 576, 2048),
     (4096, 32768, 128, 576, 2048),
     (4096, 8192, 64, 512, 512),
     (1024, 8192, 128, 576, 2048),
 ]
-# Context, measured by SPEC §2 on an H200 (not in this run): the original CUTLASS kernel, and a
-# plain Triton kernel of this design (P·V in bf16).
+# Context, published reference speeds on an H200 (not measured by this run): the original
+# CUTLASS kernel, and a plain Triton kernel of this design (P·V in bf16).
 ORIGINAL_TFLOPS = {SHAPES[0]: 695, SHAPES[1]: 682, SHAPES[2]: 532, SHAPES[3]: 687}
-SPEC_TRITON_TFLOPS = {SHAPES[0]: 270, SHAPES[2]: 204}
-# The issue's bar at the first shape.
+PUBLISHED_TRITON_TFLOPS = {SHAPES[0]: 270, SHAPES[2]: 204}
+# The target at the first shape.
 TARGET_TFLOPS = 400
 # Kernel variants swept on every run; the op's defaults are m.TUNING. No 1-stage variant:
 # Triton 3.6 miscompiles it for this kernel (compute-sanitizer: out-of-bounds __shared__
-# reads in the rope Q·Kᵀ wgmma; seen on the H200, benchmarks/results/2026-11-30-h200-s2/).
+# reads in the rope Q·Kᵀ wgmma on the H200; docs/design/sparse_mla_prefill.md#triton-kernel).
 TUNING = [{"num_warps": w, "num_stages": s, "block_n": n}
           for w, s, n in [(8, 3, 64), (8, 2, 32)]]
 # The Gluon kernel's variants (launch keywords of strictops.ops._sparse_mla_gluon.launch).
@@ -149,7 +151,7 @@ def measure(shape, gen: torch.Generator, gemm: float, tune: bool) -> dict:
         shape=_name(shape), kernel="gluon" if gluon else "triton", us=ours_us, TFLOPS=ours,
         fraction_of_fp8_gemm=ours / gemm, triton_kernel_TFLOPS=tflops(shape, triton_us),
         original_TFLOPS=ORIGINAL_TFLOPS.get(shape),
-        spec_triton_TFLOPS=SPEC_TRITON_TFLOPS.get(shape), reference_fp32_us=reference_us,
+        published_triton_TFLOPS=PUBLISHED_TRITON_TFLOPS.get(shape), reference_fp32_us=reference_us,
         speedup_vs_reference=reference_us / ours_us, rel_l2=rel_l2,
         triton_kernel_rel_l2=triton_rel_l2, within_tolerance=within, check=detail,
         tuning_TFLOPS=tuning, triton_kernel_facts=triton_facts, **facts,
@@ -157,11 +159,10 @@ def measure(shape, gen: torch.Generator, gemm: float, tune: bool) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap = arg_parser(__doc__)
     ap.add_argument("--shapes", type=int, nargs="*", default=range(len(SHAPES)),
                     help="which of SHAPES to run (indices; default: all)")
-    args = ap.parse_args()
+    args = parse_args(ap)
 
     gen = torch.Generator(device="cuda").manual_seed(20261130)
     report = Report("sparse_mla_prefill")
@@ -187,12 +188,12 @@ def main() -> None:
 
 def _plot(plt, report):
     series = [("ours (op default)", "TFLOPS"), ("our Triton kernel", "triton_kernel_TFLOPS"),
-              ("original CUTLASS (SPEC §2)", "original_TFLOPS")]
+              ("original CUTLASS (published)", "original_TFLOPS")]
     fig, ax = grouped_bars(plt, report, "shape", series, "sparse_mla_q8kv8_prefill_fwd",
                            "TFLOPS (median)", log=False)
     ax.axhline(report.ceilings["fp8_gemm_8192_TFLOPS"], color="k", linestyle="--",
                label="FP8 GEMM 8192³, this run")
-    ax.axhline(TARGET_TFLOPS, color="r", linestyle=":", label="issue bar")
+    ax.axhline(TARGET_TFLOPS, color="r", linestyle=":", label="target")
     ax.set_xlabel("(s_q, s_kv, h_q, d_qk, topk)")
     ax.legend(fontsize=7)
     return fig

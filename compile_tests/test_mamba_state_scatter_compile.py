@@ -1,8 +1,8 @@
 """fused_mamba_state_scatter_with_mask under torch.compile, torch.export and CUDA graphs.
 
 CPU (CI), on fake CUDA tensors: one graph, no graph break, no recompile when the number of
-requests, the cache size, the layer count or the draft shape changes; every rule (the seed's
-cross-device scenario first) fails at trace time with its eager message; ``torch.export``
+requests, the cache size, the layer count or the draft shape changes; every rule (a ``src`` on
+another device first: the serving failure the contract exists for) fails at trace time with its eager message; ``torch.export``
 traces the op and refuses bad inputs with the original ``ValueError``; the traced graph is one
 Triton launch, with no copy or cast of the index tensors.
 
@@ -83,7 +83,7 @@ def test_every_rule_fails_at_trace_time(rule):
         HAS_CUDA and not HAS_TWO_GPUS, reason="a real single-GPU machine has no cuda:1")),
     "cpu",
 ])
-def test_seed_scenario_src_on_another_device_fails_at_trace_time(src_device):
+def test_src_on_another_device_fails_at_trace_time(src_device):
     compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=True)
     with fake_mode():
         spec = contract.valid_spec(_dims(0))

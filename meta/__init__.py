@@ -1,7 +1,10 @@
 """strictops.meta: the contracts of every strictops op.
 
 ``CONTRACTS`` maps each op's qualified name (``"strictops::<name>"``) to its :class:`Contract`;
-the op's eager path and fake registration both run it, and the tests derive their inputs from it.
+the op's eager path and fake registration both run it. Each contract module
+(``strictops.meta.<stem>``) also declares the op's valid input space and one near miss per
+rule, from which :mod:`strictops.meta.strategies` (hypothesis, the ``fuzz`` extra) draws calls
+for the tests, the self-check and users fuzzing their own models.
 """
 
 from ._contract import Check, ConcreteTensor, Contract, concrete, hint, hint_size

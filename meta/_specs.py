@@ -9,6 +9,7 @@ descriptions, so every way of calling an op is generated from the contract modul
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Mapping, Optional
 
@@ -42,6 +43,11 @@ class TensorSpec:
     def strides(self) -> tuple[int, ...]:
         return self.stride if self.stride is not None else contiguous_strides(self.shape)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's elements (``numel * itemsize``)."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
     def empty(self) -> torch.Tensor:
         """An uninitialised tensor (real, or fake under an active ``FakeTensorMode``)."""
         return torch.empty_strided(self.shape, self.strides, dtype=self.dtype, device=self.device)
@@ -57,6 +63,16 @@ class TensorSpec:
             acc *= max(self.shape[i], 1)
         return self.replace(stride=tuple(strides))
 
+    def strided(self, first_dim: int = 0) -> "TensorSpec | None":
+        """Same shape, not contiguous in dims ``first_dim..``: a gap after every step of the
+        innermost of those dims that holds more than one element; ``None`` when none does
+        (such a tensor is contiguous there whatever its strides, so a near miss must first
+        grow a dim)."""
+        for dim in reversed(range(first_dim, len(self.shape))):
+            if self.shape[dim] > 1:
+                return self.with_gap(dim)
+        return None
+
 
 def with_changes(spec: dict, **changes: dict) -> dict:
     """A copy of ``spec`` with ``changes[name]`` applied to the TensorSpec ``spec[name]``."""
@@ -66,14 +82,16 @@ def with_changes(spec: dict, **changes: dict) -> dict:
     return out
 
 
-def other_device(device: str) -> str:
+def other_device(device: str, gpu: bool = False) -> str:
     """A device other than ``device`` for a cross-device near miss.
 
     Fake tensors may name ``cuda:1`` on a CPU-only build; where CUDA is real, torch refuses an
     ordinal the machine lacks, so a one-GPU machine gets the CPU instead (a near miss whose rule
-    comes before any CUDA check still breaks only that rule).
+    comes before any CUDA check still breaks only that rule). ``gpu``: always another CUDA
+    ordinal, for a rule that comes after a CUDA check (such a near miss cannot be built on a
+    one-GPU machine: see :func:`buildable_here`).
     """
-    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+    if not gpu and torch.cuda.is_available() and torch.cuda.device_count() < 2:
         return "cpu"
     return "cuda:1" if device != "cuda:1" else "cuda:0"
 
@@ -99,18 +117,18 @@ def build(spec: Mapping[str, object]) -> dict:
 
 
 def build_value(v, make, kind=TensorSpec):
-    """``make(v)`` for a ``kind`` (a :class:`TensorSpec`), a list of them for a list (a
-    ``Tensor[]`` argument), ``v`` itself otherwise."""
+    """``make(v)`` for a ``kind`` (a :class:`TensorSpec`), the same structure of them for a
+    list or tuple (a ``Tensor[]`` argument, a list of tensor pairs), ``v`` itself otherwise."""
     if isinstance(v, kind):
         return make(v)
-    if isinstance(v, list):
-        return [build_value(x, make, kind) for x in v]
+    if isinstance(v, (list, tuple)):
+        return type(v)(build_value(x, make, kind) for x in v)
     return v
 
 
 def _flat(values):
     for v in values:
-        if isinstance(v, list):
-            yield from v
+        if isinstance(v, (list, tuple)):
+            yield from _flat(v)
         else:
             yield v

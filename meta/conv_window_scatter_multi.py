@@ -1,15 +1,13 @@
 """Contract of ``strictops::fused_conv_window_scatter_multi``.
 
-The public function takes ``pairs``, a list of ``(conv_states, conv_window)`` tensor pairs; the
-op's schema takes them as two ``Tensor[]`` (``dsts``, ``srcs``: ``pairs[i] == (dsts[i],
-srcs[i])``), and messages name them ``pairs[i]``.
-
-Arguments
+Arguments (the public function's; the op's schema takes the pairs as two ``Tensor[]``, ``dsts``
+and ``srcs`` of one length, and its body zips them back into ``pairs`` before validating)
 ---------
-dsts : list of 1 to 8 Tensors ``[num_layers, cache_size, dim_i, K_i-1]``, mutated in place;
-    each obeys ``fused_conv_window_scatter_with_mask``'s rules for ``dst``.
-srcs : list of Tensors ``[num_layers, spec_size, draft_tokens, dim_i, K_i-1]``, each obeying
-    that op's rules for ``src`` against its ``dsts[i]``. Every pair shares ``num_layers``,
+pairs : list of 1 to 8 ``(dst, src)`` pairs of tensors (the public function unpacks each
+    item as a pair: anything else fails there, with Python's unpacking error). ``dst``
+    ``[num_layers, cache_size, dim_i, K_i-1]``, mutated in place, and ``src``
+    ``[num_layers, spec_size, draft_tokens, dim_i, K_i-1]`` each obey
+    ``fused_conv_window_scatter_with_mask``'s rules. Every pair shares ``num_layers``,
     ``cache_size``, ``spec_size``, ``draft_tokens`` and one CUDA device (one launch serves
     them all); dims, window widths and dtypes may differ.
 dst_indices_raw, step_indices_raw : Tensor ``[n1]``, int32 or int64, on the pairs' device:
@@ -40,21 +38,8 @@ OP_NAME = "fused_conv_window_scatter_multi"
 MAX_PAIRS = 8
 
 
-def split_pairs(pairs) -> tuple[list, list]:
-    """``(dsts, srcs)`` of the public function's ``pairs``; a pair that is not two items is
-    refused here (the op's schema has no place for it)."""
-    dsts, srcs = [], []
-    for i, pair in enumerate(pairs):
-        if len(pair) != 2:
-            raise ValueError(f"Expected pairs[{i}] to be a (conv_states, conv_window) pair, but "
-                             f"got {len(pair)} items")
-        dsts.append(pair[0])
-        srcs.append(pair[1])
-    return dsts, srcs
-
-
 def _pairs(a):
-    return tuple(zip(a.dsts, a.srcs))
+    return a.pairs
 
 
 def _rule(name: str) -> Check:
@@ -66,25 +51,24 @@ def _pool_sizes(d, s):
 
 
 def _shared_sizes(a):
-    d0, s0 = a.dsts[0], a.srcs[0]
-    return sym_all(x == y for d, s in _pairs(a)
+    d0, s0 = a.pairs[0]
+    return sym_all(x == y for d, s in a.pairs
                    for x, y in zip((*d.shape[:2], *s.shape[1:3]), (*d0.shape[:2], *s0.shape[1:3])))
 
 
-def _shared_sizes_message(dsts, srcs, **_):
-    d0, s0 = dsts[0], srcs[0]
-    i = next(i for i, (d, s) in enumerate(zip(dsts, srcs))
-             if _pool_sizes(d, s) != _pool_sizes(d0, s0))
+def _shared_sizes_message(pairs, **_):
+    (d0, s0), i = pairs[0], next(i for i, (d, s) in enumerate(pairs)
+                                 if _pool_sizes(d, s) != _pool_sizes(*pairs[0]))
     return (f"Expected every pair to share pairs[0]'s dst.shape[:2]={tuple(d0.shape[:2])} "
             f"(layers, cache) and src.shape[1:3]={tuple(s0.shape[1:3])} (spec, draft_tokens), "
-            f"but pairs[{i}] has dst.shape[:2]={tuple(dsts[i].shape[:2])} and "
-            f"src.shape[1:3]={tuple(srcs[i].shape[1:3])}")
+            f"but pairs[{i}] has dst.shape[:2]={tuple(pairs[i][0].shape[:2])} and "
+            f"src.shape[1:3]={tuple(pairs[i][1].shape[1:3])}")
 
 
-def _device_message(dsts, **_):
-    i = next(i for i, d in enumerate(dsts) if d.device != dsts[0].device)
-    return (f"Expected every pair on pairs[0]'s device ({dsts[0].device}), but pairs[{i}] is on "
-            f"{dsts[i].device}")
+def _device_message(pairs, **_):
+    first = pairs[0][0].device
+    i = next(i for i, (d, _) in enumerate(pairs) if d.device != first)
+    return f"Expected every pair on pairs[0]'s device ({first}), but pairs[{i}] is on {pairs[i][0].device}"
 
 
 def _index_rule(rule: str, dst_name: str, step_name: str) -> Check:
@@ -97,11 +81,11 @@ def _index_rule(rule: str, dst_name: str, step_name: str) -> Check:
         steps = getattr(a, step_name)
         if steps is None:
             return True
-        return c.ok(SimpleNamespace(dst=a.dsts[0], dst_indices_raw=getattr(a, dst_name),
+        return c.ok(SimpleNamespace(dst=a.pairs[0][0], dst_indices_raw=getattr(a, dst_name),
                                     step_indices_raw=steps))
 
     def text(**kw):
-        msg = c.message(dst=kw["dsts"][0], dst_indices_raw=kw[dst_name],
+        msg = c.message(dst=kw["pairs"][0][0], dst_indices_raw=kw[dst_name],
                         step_indices_raw=kw[step_name])
         return msg.replace("dst_indices_raw", dst_name).replace("step_indices_raw", step_name)
 
@@ -120,20 +104,14 @@ def _set2(rule: str) -> Check:
 CHECKS = (
     Check(
         "pair_count",
-        lambda a: 1 <= len(a.dsts) <= MAX_PAIRS,
-        lambda dsts, **_: (f"Expected 1 to {MAX_PAIRS} (conv_states, conv_window) pairs, but got "
-                           f"{len(dsts)}"),
-    ),
-    Check(  # only a direct call of the op can break it: the public function zips the pairs
-        "pairs_complete",
-        lambda a: len(a.dsts) == len(a.srcs),
-        lambda dsts, srcs, **_: (f"Expected one window tensor per conv state tensor, but got "
-                                 f"{len(dsts)} dsts and {len(srcs)} srcs"),
+        lambda a: 1 <= len(a.pairs) <= MAX_PAIRS,
+        lambda pairs, **_: (f"Expected 1 to {MAX_PAIRS} (conv_states, conv_window) pairs, but "
+                            f"got {len(pairs)}"),
     ),
     _rule("cuda_same_device"),
     Check(
         "one_device",
-        lambda a: all(d.device == a.dsts[0].device for d in a.dsts),
+        lambda a: all(d.device == a.pairs[0][0].device for d, _ in a.pairs),
         _device_message,
     ),
     _rule("ranks"),
@@ -162,14 +140,15 @@ CHECKS = (
     _rule("dst_inside_storage"),
 )
 
+# ``mutates`` names the schema's argument: the pairs' ``dst`` tensors, as ``dsts``.
 CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="conv_window_scatter_multi", checks=CHECKS,
                     mutates=("dsts",))
 
 
-def validate(dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
+def validate(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
              step_indices2_raw=None) -> None:
     """Run the contract on real, fake or symbolic tensors; raise the first broken rule."""
-    CONTRACT.validate(dsts=dsts, srcs=srcs, dst_indices_raw=dst_indices_raw,
+    CONTRACT.validate(pairs=pairs, dst_indices_raw=dst_indices_raw,
                       step_indices_raw=step_indices_raw, dst_indices2_raw=dst_indices2_raw,
                       step_indices2_raw=step_indices2_raw)
 
@@ -200,11 +179,10 @@ def valid_spec(d: Dims) -> dict:
         return None if n is None else TensorSpec((n,), dtype, d.device)
 
     return {
-        "dsts": [TensorSpec((d.num_layers, d.cache_size, dim, km1), dtype, d.device)
-                 for dim, km1, dtype in d.windows],
-        "srcs": [one.window_view_spec(d.num_layers, d.spec_size, d.draft_tokens, dim, km1,
-                                      dtype, d.device, d.overlapping)
-                 for dim, km1, dtype in d.windows],
+        "pairs": [(TensorSpec((d.num_layers, d.cache_size, dim, km1), dtype, d.device),
+                   one.window_view_spec(d.num_layers, d.spec_size, d.draft_tokens, dim, km1,
+                                        dtype, d.device, d.overlapping))
+                  for dim, km1, dtype in d.windows],
         "dst_indices_raw": index(d.n1, d.index_dtypes[0]),
         "step_indices_raw": index(d.n1, d.index_dtypes[1]),
         "dst_indices2_raw": index(d.n2, d.index_dtypes[2]),
@@ -215,12 +193,11 @@ def valid_spec(d: Dims) -> dict:
 def _break_last_pair(rule: str):
     """Near miss of a pair rule: the one-pair op's near miss, applied to the last pair."""
     def mutate(spec: dict) -> dict:
-        single = {"dst": spec["dsts"][-1], "src": spec["srcs"][-1],
-                  "dst_indices_raw": spec["dst_indices_raw"],
+        dst, src = spec["pairs"][-1]
+        single = {"dst": dst, "src": src, "dst_indices_raw": spec["dst_indices_raw"],
                   "step_indices_raw": spec["step_indices_raw"], "src_indices_raw": None}
         broken = one.NEAR_MISSES[rule](single)
-        return {**spec, "dsts": [*spec["dsts"][:-1], broken["dst"]],
-                "srcs": [*spec["srcs"][:-1], broken["src"]]}
+        return {**spec, "pairs": [*spec["pairs"][:-1], (broken["dst"], broken["src"])]}
 
     return mutate
 
@@ -230,7 +207,7 @@ def _break_set(rule: str, dst_name: str, step_name: str):
     second set is given first if absent)."""
     def mutate(spec: dict) -> dict:
         spec = _with_set2(spec)
-        single = {"dst": spec["dsts"][0], "src": spec["srcs"][0],
+        single = {"dst": spec["pairs"][0][0], "src": spec["pairs"][0][1],
                   "dst_indices_raw": spec[dst_name], "step_indices_raw": spec[step_name],
                   "src_indices_raw": None}
         broken = mamba_state_scatter.NEAR_MISSES[rule](single)
@@ -247,32 +224,32 @@ def _with_set2(spec: dict) -> dict:
 
 
 def _grow_to(spec: dict, count: int) -> dict:
-    return {**spec, "dsts": [spec["dsts"][i % len(spec["dsts"])] for i in range(count)],
-            "srcs": [spec["srcs"][i % len(spec["srcs"])] for i in range(count)]}
+    pairs = spec["pairs"]
+    return {**spec, "pairs": [pairs[i % len(pairs)] for i in range(count)]}
 
 
 def _second_pair(spec: dict) -> dict:
     """At least two pairs (the last a copy of the first), for rules across pairs."""
-    return spec if len(spec["dsts"]) > 1 else _grow_to(spec, 2)
+    return spec if len(spec["pairs"]) > 1 else _grow_to(spec, 2)
 
 
 def _other_pool(spec: dict) -> dict:
     spec = _second_pair(spec)
-    d = spec["dsts"][-1]
-    return {**spec, "dsts": [*spec["dsts"][:-1],
-                             d.replace(shape=(d.shape[0], d.shape[1] + 1, *d.shape[2:]))]}
+    d, s = spec["pairs"][-1]
+    d = d.replace(shape=(d.shape[0], d.shape[1] + 1, *d.shape[2:]))
+    return {**spec, "pairs": [*spec["pairs"][:-1], (d, s)]}
 
 
 def _last_on_other_device(spec: dict) -> dict:
     spec = _second_pair(spec)
-    device = _other_device(spec["dsts"][0].device)
-    return {**spec, "dsts": [*spec["dsts"][:-1], spec["dsts"][-1].replace(device=device)],
-            "srcs": [*spec["srcs"][:-1], spec["srcs"][-1].replace(device=device)]}
+    device = _other_device(spec["pairs"][0][0].device, gpu=True)
+    d, s = spec["pairs"][-1]
+    return {**spec, "pairs": [*spec["pairs"][:-1],
+                              (d.replace(device=device), s.replace(device=device))]}
 
 
 NEAR_MISSES = {
     "pair_count": lambda s: _grow_to(s, MAX_PAIRS + 1),
-    "pairs_complete": lambda s: {**s, "srcs": s["srcs"][:-1]},
     "one_device": _last_on_other_device,
     "shared_sizes": _other_pool,
     "indices2_together": lambda s: {**_with_set2(s), "dst_indices2_raw": None},

@@ -1,4 +1,4 @@
-"""Contract of ``strictops::fused_mamba_state_scatter_with_mask`` (SPEC §1).
+"""Contract of ``strictops::fused_mamba_state_scatter_with_mask``.
 
 Arguments
 ---------
@@ -214,21 +214,14 @@ def _grow_last(spec: dict) -> dict:
     return _with(spec, dst={"shape": (*dst.shape[:-1], 2)}, src={"shape": (*src.shape[:-1], 2)})
 
 
-def _gap_innermost(t: TensorSpec, first_dim: int) -> TensorSpec | None:
-    for dim in reversed(range(first_dim, len(t.shape))):
-        if t.shape[dim] > 1:
-            return t.with_gap(dim)
-    return None
-
-
 def _break_contiguity(name: str, first_dim: int):
     """Near miss: ``spec[name]`` no longer contiguous in dims ``first_dim..``."""
 
     def mutate(spec: dict) -> dict:
-        gapped = _gap_innermost(spec[name], first_dim)
+        gapped = spec[name].strided(first_dim)
         if gapped is None:  # every dim there has one element: make one hold two
             spec = _grow_last(spec)
-            gapped = _gap_innermost(spec[name], first_dim)
+            gapped = spec[name].strided(first_dim)
         return {**spec, name: gapped}
 
     return mutate

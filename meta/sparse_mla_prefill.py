@@ -1,4 +1,4 @@
-"""Contract of ``strictops::sparse_mla_q8kv8_prefill_fwd`` (SPEC §2).
+"""Contract of ``strictops::sparse_mla_q8kv8_prefill_fwd``.
 
 Arguments
 ---------
@@ -31,7 +31,6 @@ after this contract; under compile or capture the kernel clamps and counts inste
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from typing import ClassVar
@@ -39,7 +38,7 @@ from types import SimpleNamespace
 
 import torch
 from ._contract import Check, Contract, sym_all, sym_either
-from ._specs import TensorSpec, with_changes as _with
+from ._specs import TensorSpec, other_device, with_changes as _with
 
 OP_NAME = "sparse_mla_q8kv8_prefill_fwd"
 
@@ -49,6 +48,7 @@ TOPK_BLOCK = 128  # topk granularity of the original kernel
 D_QKS = (512, 576)
 D_V = 512
 BUFFERS = ("out", "max_logits", "lse")
+KEYWORD_ONLY = (*BUFFERS, "topk_length_errors")  # the public function's keyword-only arguments
 
 
 def _shape_is(t, shape) -> "bool | torch.SymBool":
@@ -382,13 +382,9 @@ class SharedSpec(TensorSpec):
     symbolic: ClassVar[bool] = False  # its point is the storage it shares
 
     def empty(self) -> torch.Tensor:
-        nbytes = math.prod(self.shape) * self.dtype.itemsize
-        return self.storage.base().narrow(0, 0, nbytes).view(self.dtype).view(self.shape)
+        return self.storage.base().narrow(0, 0, self.nbytes).view(self.dtype).view(self.shape)
 
 
-# Fake tensors may name a second GPU on a machine without one, except where CUDA is real: a
-# one-GPU machine cannot build the near misses of the ``*_device`` rules.
-OTHER_DEVICE = "cuda:1"
 
 
 def _present(spec: dict, *names: str) -> dict:
@@ -426,6 +422,19 @@ def _changed(name: str, **fields):
     return mutate
 
 
+def _moved(name: str):
+    """Near miss: ``spec[name]`` (given, if optional) on a GPU other than ``q``'s. (The
+    ``*_device`` rules follow the ``*_cuda`` ones, so the CPU would break another rule; a
+    one-GPU machine with real CUDA cannot build these.)"""
+
+    def mutate(spec: dict) -> dict:
+        spec = _present(spec, name)
+        device = other_device(spec["q"].device, gpu=True)
+        return {**spec, name: spec[name].replace(device=device)}
+
+    return mutate
+
+
 def _grown(name: str, dim: int, by: int = 1):
     """Near miss: ``spec[name]`` (given, if optional) ``by`` longer in ``dim``."""
 
@@ -454,7 +463,7 @@ def _strided(name: str):
     def mutate(spec: dict) -> dict:
         spec = _two_tokens(_present(spec, name))
         t = spec[name]
-        return {**spec, name: t.with_gap(max(i for i, s in enumerate(t.shape) if s > 1))}
+        return {**spec, name: t.strided()}
 
     return mutate
 
@@ -465,8 +474,7 @@ def _overlapping(first: str, second: str):
     def mutate(spec: dict) -> dict:
         spec = _present(spec, first, second)
         a, b = spec[first], spec[second]
-        nbytes = max(math.prod(t.shape) * t.dtype.itemsize for t in (a, b))
-        storage = _Storage(nbytes, a.device)
+        storage = _Storage(max(a.nbytes, b.nbytes), a.device)
         return {**spec, first: SharedSpec(a.shape, a.dtype, a.device, storage=storage),
                 second: SharedSpec(b.shape, b.dtype, b.device, storage=storage)}
 
@@ -477,7 +485,7 @@ def _scale_near_misses(name: str) -> dict:
     return {
         f"{name}_tensor": lambda s: {**s, name: 1.0},
         f"{name}_cuda": _changed(name, device="cpu"),
-        f"{name}_device": _changed(name, device=OTHER_DEVICE),
+        f"{name}_device": _moved(name),
         f"{name}_dtype": _changed(name, dtype=torch.float64),
         f"{name}_scalar": _changed(name, shape=(2,)),
     }
@@ -487,7 +495,7 @@ def _buffer_near_misses(name: str) -> dict:
     return {
         f"{name}_shape": _grown(name, dim=1),
         f"{name}_dtype": _changed(name, dtype=torch.float16),
-        f"{name}_device": _changed(name, device=OTHER_DEVICE),
+        f"{name}_device": _moved(name),
         f"{name}_contiguous": _strided(name),
     }
 
@@ -495,7 +503,7 @@ def _buffer_near_misses(name: str) -> dict:
 def _device_near_misses(name: str) -> dict:
     return {
         f"{name}_cuda": _changed(name, device="cpu"),
-        f"{name}_device": _changed(name, device=OTHER_DEVICE),
+        f"{name}_device": _moved(name),
     }
 
 

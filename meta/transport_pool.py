@@ -1,5 +1,5 @@
 """Contract of ``strictops::copy_and_publish``, the copy-and-publish step of the GPU transport
-pool (SPEC §3).
+pool.
 
 Pool layout (bytes of one 1-D uint8 CUDA tensor, shared with consumer processes)::
 
@@ -283,7 +283,7 @@ def _strided(t: TensorSpec) -> TensorSpec:
     if it has fewer (a 0-d tensor becomes ``[2]``)."""
     if not t.shape or t.shape[-1] < 2:
         t = t.replace(shape=(*t.shape[:-1], 2))
-    return t.with_gap(len(t.shape) - 1)
+    return t.strided()
 
 
 def _data_region(spec: dict) -> int:

@@ -136,43 +136,43 @@ def _scatter_multi_kernel(
 PAIR_ARGS = 11
 
 
-def _launch(kernel, dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+def _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
             step_indices2_raw, block_bytes=one.TUNING["block_bytes"],
             num_warps=one.TUNING["num_warps"]):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
-    rows = one.block_dim(max(d.element_size() for d in dsts), block_bytes)
+    rows = one.block_dim(max(d.element_size() for d, _ in pairs), block_bytes)
     pair_args, chunks = [], 1
-    for dst, src in zip(dsts, srcs):
+    for dst, src in pairs:
         shape, d, s = dst.shape, dst.stride(), src.stride()
         pair_args += [dst, src, shape[2], shape[3], d[0], d[1], s[0], s[1], s[2], s[3], s[4]]
         chunks = torch.sym_max(chunks, (shape[2] + rows - 1) // rows)
-    pair_args += [None] * (PAIR_ARGS * (contract.MAX_PAIRS - len(dsts)))
+    pair_args += [None] * (PAIR_ARGS * (contract.MAX_PAIRS - len(pairs)))
     if step_indices2_raw is None:  # no second set: any tensors, never read
         dst_indices2_raw, step_indices2_raw = dst_indices_raw, step_indices_raw
         n2 = 0
     else:
         n2 = step_indices2_raw.shape[0]
     n1 = step_indices_raw.shape[0]
-    dst0, src0 = dsts[0], srcs[0]
-    grid = ((n1 + n2) * chunks, dst0.shape[0], len(dsts))
+    dst0, src0 = pairs[0]
+    grid = ((n1 + n2) * chunks, dst0.shape[0], len(pairs))
     kernel[grid](
         dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw,
         n1, n2, dst0.shape[1], src0.shape[1], src0.shape[2], chunks,
         dst_indices_raw.stride(0), step_indices_raw.stride(0), dst_indices2_raw.stride(0),
         step_indices2_raw.stride(0),
         *pair_args,
-        NUM_PAIRS=len(dsts), BLOCK_DIM=rows, BLOCK_WIN=one.BLOCK_WIN, SCAN=one.SCAN,
+        NUM_PAIRS=len(pairs), BLOCK_DIM=rows, BLOCK_WIN=one.BLOCK_WIN, SCAN=one.SCAN,
         num_warps=num_warps,
     )
 
 
-def _forward(kernel, real_launch, dsts, srcs, dst_indices_raw, step_indices_raw,
-             dst_indices2_raw, step_indices2_raw):
+def _forward(kernel, real_launch, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+             step_indices2_raw):
     """Validate, then launch (on the pairs' device when the launch is real)."""
-    contract.validate(dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+    contract.validate(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
                       step_indices2_raw)
-    with on_device_of(dsts[0], real_launch):
-        _launch(kernel, dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+    with on_device_of(pairs[0][0], real_launch):
+        _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
                 step_indices2_raw)
 
 
@@ -185,10 +185,30 @@ def _fused_conv_window_scatter_multi(
     dst_indices2_raw: Optional[torch.Tensor] = None,
     step_indices2_raw: Optional[torch.Tensor] = None,
 ) -> None:
-    # The body is also the fake (see strictops.ops.conv_window_scatter).
+    # The body is also the fake (see strictops.ops.conv_window_scatter). The public function
+    # passes lists of one length; a direct call with others fails in zip, before the contract.
     kernel = wrap_triton(_scatter_multi_kernel)
-    _forward(kernel, kernel is _scatter_multi_kernel, dsts, srcs, dst_indices_raw,
-             step_indices_raw, dst_indices2_raw, step_indices2_raw)
+    pairs = list(zip(dsts, srcs, strict=True))
+    _forward(kernel, kernel is _scatter_multi_kernel, pairs, dst_indices_raw, step_indices_raw,
+             dst_indices2_raw, step_indices2_raw)
+
+
+def op_arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
+                 step_indices2_raw=None) -> dict:
+    """The op's (``torch.ops.strictops.fused_conv_window_scatter_multi``) arguments for a call
+    of the public function: the pairs split into ``dsts`` and ``srcs``."""
+    return {"dsts": [p[0] for p in pairs], "srcs": [p[1] for p in pairs],
+            "dst_indices_raw": dst_indices_raw, "step_indices_raw": step_indices_raw,
+            "dst_indices2_raw": dst_indices2_raw, "step_indices2_raw": step_indices2_raw}
+
+
+def public_arguments(dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
+                     step_indices2_raw=None) -> dict:
+    """The public function's arguments (its contract's) for a call of the op: the inverse of
+    :func:`op_arguments`."""
+    return {"pairs": list(zip(dsts, srcs)), "dst_indices_raw": dst_indices_raw,
+            "step_indices_raw": step_indices_raw, "dst_indices2_raw": dst_indices2_raw,
+            "step_indices2_raw": step_indices2_raw}
 
 
 def fused_conv_window_scatter_multi(
@@ -224,35 +244,25 @@ def fused_conv_window_scatter_multi(
     index tensors, no pointer table. Bad metadata raises ``ValueError`` before launch in eager
     mode and at trace time under ``torch.compile``/``torch.export``.
     """
-    dsts, srcs = contract.split_pairs(pairs)
-    if can_skip_dispatcher(*dsts, *srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-                           step_indices2_raw):
-        _forward(_scatter_multi_kernel, True, dsts, srcs, dst_indices_raw, step_indices_raw,
+    pairs = [(dst, src) for dst, src in pairs]
+    if can_skip_dispatcher(*(t for pair in pairs for t in pair), dst_indices_raw,
+                           step_indices_raw, dst_indices2_raw, step_indices2_raw):
+        _forward(_scatter_multi_kernel, True, pairs, dst_indices_raw, step_indices_raw,
                  dst_indices2_raw, step_indices2_raw)
-        for dst in dsts:
+        for dst, _ in pairs:
             torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!)
         return
     torch.ops.strictops.fused_conv_window_scatter_multi(
-        dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw)
+        **op_arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+                       step_indices2_raw))
 
 
-def public_call(dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
-                step_indices2_raw=None) -> None:
-    """The public function on the op's own arguments (``pairs = zip(dsts, srcs)``), for the
-    self-check; lists of different lengths, which ``pairs`` cannot express, go to the op."""
-    if len(dsts) != len(srcs):
-        return torch.ops.strictops.fused_conv_window_scatter_multi(
-            dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw)
-    return fused_conv_window_scatter_multi(list(zip(dsts, srcs)), dst_indices_raw,
-                                           step_indices_raw, dst_indices2_raw, step_indices2_raw)
-
-
-def launch_interpreted(dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
+def launch_interpreted(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
                        step_indices2_raw=None, reverse_programs=False, **tuning):
     """Run the kernel through the Triton interpreter on CPU tensors (tests, self-check);
     ``reverse_programs`` runs the programs in reverse grid order (see ``_interpret``)."""
     with interpreted(_scatter_multi_kernel, reverse_programs) as kernel:
-        _launch(kernel, dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+        _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
                 step_indices2_raw, **tuning)
 
 
@@ -268,7 +278,6 @@ def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict
     else:
         L, cache, spec, draft = 4, 256, 64, 4
         windows, n1, n2 = ((2048, 3, torch.bfloat16), (1024, 3, torch.bfloat16)), 48, 48
-    first = one.example_inputs(device, small, generator)  # random values of the right kinds
     slot1 = torch.randperm(cache, generator=generator)[:n1]
     step1 = torch.randint(0, draft, (n1,), generator=generator)
     slot2 = torch.randperm(cache, generator=generator)[:n2]
@@ -276,7 +285,6 @@ def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict
     slot1[0], step1[1], slot2[0], step2[1] = -1, draft, cache, -1
     slot1[3] = slot1[2]  # valid twice in set 1: request 3 wins
     slot2[2] = slot1[4]  # set 2 overwrites set 1
-    del first
     dsts, srcs = [], []
     for dim, km1, dtype in windows:
         dsts.append(torch.randn(L, cache, dim, km1, generator=generator)
@@ -284,8 +292,7 @@ def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict
         shared = torch.randn(L, spec, dim, draft + km1 - 1, generator=generator)
         srcs.append(one.window_view(shared.to(device=device, dtype=dtype), draft, km1))
     return {
-        "dsts": dsts,
-        "srcs": srcs,
+        "pairs": list(zip(dsts, srcs)),
         "dst_indices_raw": slot1.to(device=device, dtype=torch.int32),
         "step_indices_raw": step1.to(device=device, dtype=torch.int64),
         "dst_indices2_raw": slot2.to(device=device, dtype=torch.int64),
@@ -293,14 +300,31 @@ def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict
     }
 
 
-def reference(dsts, srcs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
+def reference(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
               step_indices2_raw=None):
-    """Plain-PyTorch reference: new tensors equal to ``dsts`` after the op: for each pair, the
-    one-pair op's reference with set 1, then with set 2."""
+    """Plain-PyTorch reference: new tensors equal to the pairs' ``dst`` after the op: for each
+    pair, the one-pair op's reference with set 1, then with set 2."""
     out = []
-    for dst, src in zip(dsts, srcs):
+    for dst, src in pairs:
         dst = one.reference(dst, src, dst_indices_raw, step_indices_raw)
         if step_indices2_raw is not None:
             dst = one.reference(dst, src, dst_indices2_raw, step_indices2_raw)
         out.append(dst)
     return out
+
+
+def selfcheck_result(on_gpu: bool) -> tuple[bool, str]:
+    """The self-check's exact-result check: the example call (on the GPU, or interpreted in
+    reverse program order) leaves every pair's ``dst`` equal to the reference, and writes."""
+    args = example_inputs("cuda:0" if on_gpu else "cpu", not on_gpu,
+                          torch.Generator().manual_seed(0))
+    before = [d.clone() for d, _ in args["pairs"]]
+    expected = reference(**args)
+    if on_gpu:
+        fused_conv_window_scatter_multi(**args)
+    else:
+        launch_interpreted(**args, reverse_programs=True)
+    written = any(not torch.equal(a, b) for a, b in zip(expected, before))
+    exact = all(torch.equal(d, e) for (d, _), e in zip(args["pairs"], expected))
+    where = "GPU cuda:0" if on_gpu else "Triton interpreter"
+    return written and exact, f"{where}, {len(before)} pairs" + ("" if written else ": writes nothing")

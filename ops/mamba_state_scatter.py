@@ -1,4 +1,4 @@
-"""Fused Mamba state scatter with mask (SPEC §1).
+"""Fused Mamba state scatter with mask: ``fused_mamba_state_scatter_with_mask``.
 
 After speculative-decoding verification, copy the accepted draft step's recurrent state of every
 request into the request's cache slot, for all layers, in one launch and without a host sync, so
@@ -37,13 +37,10 @@ from strictops.meta import mamba_state_scatter as contract
 from ._dispatch import can_skip_dispatcher, on_device_of
 from ._interpret import interpreted
 
-__all__ = [
-    "fused_mamba_state_scatter_with_mask",
-    "reference",
-    "unfused_torch",
-    "launch_interpreted",
-    "example_inputs",
-]
+# The public function. ``reference``, ``unfused_torch``, ``launch_interpreted`` and
+# ``example_inputs`` are for tests, benchmarks and the self-check: importable by name, not
+# exported.
+__all__ = ["fused_mamba_state_scatter_with_mask"]
 
 
 @triton.jit
@@ -121,12 +118,12 @@ def _scatter_kernel(
     tl.store(dst_base + offs, data, mask=mask)
 
 
-# Tuning, chosen by benchmarks/bench_mamba_state_scatter.py on the H200 (its sweep is in the
-# results file): bytes one program copies and warps per program. 4 KiB programs reach 0.94 of
-# the copy bandwidth on the large SSM shape (16 KiB: 0.91); cache-modifier and eviction hints
-# measured no better or worse (evict_first: 0.86) and were dropped.
+# Bytes one program copies and warps per program: 4 KiB / 4 warps reach 0.94 of the copy
+# bandwidth on the large SSM shape on the H200 (16 KiB: 0.91); the benchmark sweeps the rest.
+# Why: docs/design/mamba_state_scatter.md#tuning
 TUNING = {"block_bytes": 4096, "num_warps": 4}
-# Requests compared per step of the duplicate-slot scan.
+# Requests compared per step of the duplicate-slot scan: one vector of loads per step, so a
+# batch of up to 128 requests is one round trip (docs/design/mamba_state_scatter.md#kernel).
 SCAN = 128
 
 

@@ -8,10 +8,12 @@ For every registered op (:data:`strictops.ops.OP_MODULES`) it shows three things
    on CUDA at a moderate shape; without one the kernel runs in the Triton interpreter on small
    CPU tensors.
 2. **Clean trace.** ``torch.compile(fullgraph=True, dynamic=True)`` traces a call of the public
-   op on fake CUDA tensors (no GPU needed) with 0 graph breaks.
+   op on fake CUDA tensors (no GPU needed) as one graph.
 3. **Bad calls fail at trace time.** For every rule of the op's contract, the contract's near
-   miss (a valid call that breaks exactly that rule) fails while tracing, and the error carries
-   the contract's message for that rule verbatim, i.e. the message eager mode raises.
+   miss (a valid call that breaks exactly that rule) raises that rule's error with its message
+   verbatim on fake tensors with concrete and with symbolic sizes, and fails while tracing
+   with that error in the chain (:func:`strictops.meta._calls.failures`, which the tests use
+   too).
 
 It prints one table row per check and a summary line, and returns 0 when every check passes,
 1 otherwise.
@@ -19,19 +21,15 @@ It prints one table row per check and a summary line, and returns 0 when every c
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch._dynamo.utils import counters
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
 from strictops.meta import CONTRACTS
-from strictops.meta._specs import TensorSpec, build, build_value, buildable_here
+from strictops.meta._calls import Call, failures, fake_mode
+from strictops.meta._specs import TensorSpec, build_value, buildable_here
 from strictops.ops import OP_MODULES
 
 SEED = 0
@@ -64,10 +62,8 @@ def _short(op: str) -> str:
 
 
 def _public_function(op: str, module) -> Callable:
-    """The op's public function, called with the op's own arguments: its module's
-    ``public_call`` where the public function takes them in another form, else the module's
-    attribute named like the op."""
-    return getattr(module, "public_call", None) or getattr(module, _short(op))
+    """The op's public function: its module's attribute named like the op."""
+    return getattr(module, _short(op))
 
 
 def _example(module, device: str, small: bool) -> dict:
@@ -82,26 +78,11 @@ def _fake_spec(module) -> dict:
     symbol. Strides are left contiguous, as ``valid_spec`` describes them, so the near misses
     can change shapes freely.
     """
-    return {  # tensors, also in a list (a Tensor[] argument); None, scalars: as they are
+    return {  # tensors, also in lists and pairs; None, Python scalars: passed as they are
         name: build_value(t, lambda t: TensorSpec(tuple(t.shape), t.dtype, FAKE_DEVICE),
                           torch.Tensor)
         for name, t in _example(module, "cpu", small=True).items()
     }
-
-
-@contextlib.contextmanager
-def _fake_args(spec: dict):
-    """Fake tensors for ``spec``, with Dynamo's caches and counters cleared first so that
-    every trace starts from scratch and counts only its own graph breaks."""
-    torch._dynamo.reset()
-    counters.clear()
-    with FakeTensorMode(shape_env=ShapeEnv()):
-        yield build(spec)
-
-
-def _compiled(fn: Callable) -> Callable:
-    """``fn`` compiled as serving compiles it: one graph, sizes symbolic, no codegen."""
-    return torch.compile(fn, backend="eager", fullgraph=True, dynamic=True)
 
 
 def check_result(op: str, module) -> Row:
@@ -124,53 +105,44 @@ def check_result(op: str, module) -> Row:
         run = functools.partial(module.launch_interpreted, reverse_programs=True)
         where = "Triton interpreter"
     (name,) = CONTRACTS[op].mutates
-    before = build_value(args[name], torch.clone, torch.Tensor)  # a tensor or a list of them
+    before = args[name].clone()
     expected = module.reference(**args)
     run(**args)
-    detail = f"{where}, {name} shape {_shapes(before)}"
+    detail = f"{where}, {name} shape {list(before.shape)}"
     # An example that writes nothing would let a kernel that does nothing pass.
-    if _equal(expected, before):
+    if torch.equal(expected, before):
         return Row(op, "exact result", False, f"{detail}: the example call writes nothing")
-    return Row(op, "exact result", _equal(args[name], expected), detail)
+    return Row(op, "exact result", torch.equal(args[name], expected), detail)
 
 
-def _equal(a, b) -> bool:
-    """``torch.equal`` for tensors and for lists of tensors (a ``Tensor[]`` output)."""
-    if isinstance(a, list):
-        return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
-    return torch.equal(a, b)
+def _call(op: str, module, spec: dict) -> Call:
+    return Call(_short(op), spec, None, module.contract)
 
 
-def _shapes(t):
-    return [list(x.shape) for x in t] if isinstance(t, list) else list(t.shape)
+def _failed(op: str, check: str, detail: str, problems: list[str]) -> Row:
+    if problems:
+        return Row(op, check, False, f"{detail}: {_preview('; '.join(problems))}")
+    return Row(op, check, True, detail)
 
 
 def check_trace(op: str, module, spec: dict) -> Row:
-    """Trace a valid call of the public op on fake CUDA tensors; count graph breaks."""
-    with _fake_args(spec) as args:
-        _compiled(_public_function(op, module))(**args)
-    breaks = sum(counters["graph_break"].values())
-    return Row(op, "compile trace", breaks == 0,
-               f"{breaks} graph breaks (fullgraph, dynamic shapes, fake {FAKE_DEVICE})")
+    """Trace a valid call of the public op on fake CUDA tensors, as one graph."""
+    problems = failures(_public_function(op, module), _call(op, module, spec))
+    detail = f"one graph (fullgraph, dynamic shapes, fake {FAKE_DEVICE})"
+    return _failed(op, "compile trace", detail, problems)
 
 
 def check_rule(op: str, module, spec: dict, rule: str) -> Row:
-    """Trace the rule's near miss; the trace must fail with the rule's message."""
-    bad = module.contract.NEAR_MISSES[rule](spec)
-    if not buildable_here(bad):
+    """The rule's near miss raises the rule's error, message verbatim: eager and symbolic on
+    fake tensors, and while tracing."""
+    call = _call(op, module, spec).near_miss(rule)
+    if not buildable_here(call.spec):
         return Row(op, "bad call", True, f"{rule}: needs a second GPU on this machine",
                    skipped=True)
-    with _fake_args(bad) as args:
-        _, message = CONTRACTS[op].expected_error(rule, **args)
-        try:
-            _compiled(_public_function(op, module))(**args)
-        except Exception as exc:  # Dynamo wraps the contract's error; only its text matters
-            raised = str(exc)
-        else:
-            return Row(op, "bad call", False, f"{rule}: traced without error")
-    if message in raised:
-        return Row(op, "bad call", True, f"{rule}: {_preview(message)}")
-    return Row(op, "bad call", False, f"{rule}: error lacks the message {_preview(message)!r}")
+    with fake_mode():
+        _, message = call.expected_error(*call.build())
+    problems = failures(_public_function(op, module), call)
+    return _failed(op, "bad call", f"{rule}: {_preview(message)}", problems)
 
 
 def _guarded(op: str, check: str, run: Callable[[], Row]) -> Row:

@@ -1,4 +1,4 @@
-"""Sparse MLA prefill attention with FP8 Q and FP8 KV (SPEC §2).
+"""Sparse MLA prefill attention with FP8 Q and FP8 KV: ``sparse_mla_q8kv8_prefill_fwd``.
 
 DeepSeek-V3.2-style sparse attention: each query token attends to its own ``topk`` selected
 rows of one shared latent KV (MLA, one KV head). Q and KV are float8 e4m3 with one float32
@@ -15,8 +15,9 @@ allocating inside the op is what keeps "validate, then allocate" true for a call
 some buffers and not others.
 
 Two kernels (``KERNEL``, ``warp_specialized``): on an sm_90 GPU the warp-specialised Gluon
-kernel of ``strictops.ops._sparse_mla_gluon`` (408-413 TFLOPS at the SPEC shape on the H200,
-against 260 for the Triton kernel here), everywhere else the Triton kernel below (other GPUs,
+kernel of ``strictops.ops._sparse_mla_gluon`` (on the H200, 408 TFLOPS at
+``(s_q, s_kv, h_q, d_qk, topk) = (4096, 8192, 128, 576, 2048)``, against 261 for the Triton
+kernel here; docs/design/sparse_mla_prefill.md), everywhere else the Triton kernel below (other GPUs,
 the Triton interpreter, tracing without a GPU). Inductor cannot compile a Gluon kernel from a
 ``wrap_triton`` launch, so a traced call of the Gluon path records an opaque op,
 ``strictops_kernels::sparse_mla_ws_launch``, after the contract has run in this op's body;
@@ -60,17 +61,11 @@ from . import _sparse_mla_gluon
 from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
 from ._interpret import interpreted
 
-__all__ = [
-    "sparse_mla_q8kv8_prefill_fwd",
-    "check_topk_length_values",
-    "reference",
-    "relative_l2",
-    "compare_to_reference",
-    "launch_interpreted",
-    "random_inputs",
-    "example_inputs",
-    "selfcheck_result",
-]
+# The public function. The value check, the reference and the helpers of tests, benchmarks and
+# the self-check (``check_topk_length_values``, ``reference``, ``relative_l2``,
+# ``compare_to_reference``, ``launch_interpreted``, ``random_inputs``, ``example_inputs``,
+# ``selfcheck_result``) are importable by name, not exported.
+__all__ = ["sparse_mla_q8kv8_prefill_fwd"]
 
 
 @triton.jit
@@ -117,8 +112,8 @@ def _sparse_mla_prefill_kernel(
     Per step, ``BLOCK_N`` rows are gathered through the indices (invalid ones masked, their
     addresses clamped to row 0 and never loaded), S = Q·Kᵀ runs in FP8 with fp32 accumulation,
     the online softmax runs in natural units (the max and lse are reported in them), and P·V
-    runs with P and V in bf16 (V's FP8 values are exact in bf16; P rounds to 8 bits): SPEC §2
-    measured this at 2.0e-3 relative error, against 1.9e-2 with P in FP8.
+    runs with P and V in bf16 (V's FP8 values are exact in bf16; P rounds to 8 bits): about
+    2e-3 relative L2 error against float64, where P in FP8 gives 1.9e-2.
     """
     D_V: tl.constexpr = 512
     D_ROPE: tl.constexpr = D_QK - D_V
@@ -187,8 +182,8 @@ def _sparse_mla_prefill_kernel(
     tl.store(lse_ptr + row_of_head, lse)
 
 
-# Tuning of the Triton kernel, measured on the H200 (benchmarks/results/2026-11-30-session2):
-# 8 warps, 2 stages and 64 rows a step were the best (262 TFLOPS); 1 stage is miscompiled.
+# Triton kernel: 8 warps, 2 stages and 64 rows a step were the best on the H200 (262 TFLOPS);
+# Triton 3.6 miscompiles 1 stage. Why: docs/design/sparse_mla_prefill.md#triton-kernel
 TUNING = {"num_warps": 8, "num_stages": 2, "block_n": 64}
 # Which kernel a CUDA call runs: "auto" (the warp-specialised Gluon kernel on sm_90 when this
 # Triton has Gluon, the Triton kernel elsewhere), "gluon" or "triton" (tests, A/B runs).
@@ -531,11 +526,11 @@ def relative_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
 # allows. P is rounded to bf16 for P·V and ``out`` is stored as bf16: two roundings to nearest,
 # unit roundoff 2**-8 each; everything else is exact (FP8 V in bf16, products of bf16 in fp32)
 # or far finer (fp32 accumulation). On random data the two give about 1.8e-3 (measured here in
-# the interpreter; SPEC §2 measured 2.0e-3 on the GPU). The bound is their worst case for an
+# the interpreter, about 2e-3 on the GPU). The bound is their worst case for an
 # element that is a convex combination of same-signed values, 2 * 2**-8, which leaves room for
 # cancellation; what it must catch costs more: P in FP8 1.9e-2, a wrong row, scale or mask O(1).
 REL_L2_BOUND = 2**-7
-# The issue's bar for the GPU tests (the original CUTLASS kernel measured 1.9e-2).
+# The GPU tests' bound on that error (the original CUTLASS kernel measures 1.9e-2).
 GPU_REL_L2_BOUND = 2.5e-2
 # max_logits and lse: error relative to 1 + |value|. In the interpreter they are fp32 sums of
 # exact FP8 products (fp32 rounding of 576-term sums: ~1e-6). Hopper's FP8 MMA keeps fewer

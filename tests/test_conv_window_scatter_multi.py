@@ -19,16 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from strictops.meta import conv_window_scatter_multi as contract
+from strictops.meta import strategies
+from strictops.meta.strategies import conv_window_scatter_multi as calls_of
+from strictops.meta.strategies.conv_window_scatter import DTYPES
 from strictops.meta.testing import (
     CAN_NAME_SECOND_GPU,
-    CONV_WINDOW_DTYPES,
     assert_every_rule_pinned,
-    assert_near_miss_parity,
     build,
-    conv_window_multi_dims,
-    conv_window_multi_index_values,
-    conv_window_multi_near_miss,
-    conv_window_multi_tensors,
     fake_mode,
     gpu,
     near_miss_message,
@@ -44,7 +41,7 @@ DIMS = contract.Dims(num_layers=3, cache_size=7, spec_size=5, draft_tokens=4,
 
 
 def _message_on_fake(rule: str, dims: contract.Dims = DIMS) -> str:
-    return near_miss_message(op.public_call, contract, rule, dims)
+    return near_miss_message(fused_conv_window_scatter_multi, contract, rule, dims)
 
 
 class TestMessages(expecttest.TestCase):
@@ -52,9 +49,6 @@ class TestMessages(expecttest.TestCase):
 
     def test_pair_count(self):
         self.assertExpectedInline(_message_on_fake("pair_count"), """Expected 1 to 8 (conv_states, conv_window) pairs, but got 9""")
-
-    def test_pairs_complete(self):
-        self.assertExpectedInline(_message_on_fake("pairs_complete"), """Expected one window tensor per conv state tensor, but got 2 dsts and 1 srcs""")
 
     def test_cuda_same_device(self):
         self.assertExpectedInline(_message_on_fake("cuda_same_device"), """pairs[1]: fused_conv_window_scatter_multi requires dst and src to be CUDA tensors on the same device (dst.device=device(type='cuda', index=0), src.device=device(type='cuda', index=1)).""")
@@ -117,29 +111,27 @@ class TestMessages(expecttest.TestCase):
     def test_every_rule_has_a_pinned_message(self):
         assert_every_rule_pinned(self, contract)  # near misses: tests/test_registry.py
 
-    def test_a_pair_of_three_is_refused(self):
+    def test_an_item_that_is_not_a_pair_fails_unpacking(self):
         with fake_mode():
             args = build(contract.valid_spec(DIMS))
-            pairs = [(args["dsts"][0], args["srcs"][0], args["srcs"][0])]
-            err = raised(fused_conv_window_scatter_multi, pairs=pairs,
-                         dst_indices_raw=args["dst_indices_raw"],
-                         step_indices_raw=args["step_indices_raw"])
-        self.assertExpectedInline(str(err), """Expected pairs[0] to be a (conv_states, conv_window) pair, but got 3 items""")
+            dst, src = args["pairs"][0]
+            err = raised(fused_conv_window_scatter_multi, [(dst, src, src)],
+                         args["dst_indices_raw"], args["step_indices_raw"])
+        self.assertEqual(str(err), "too many values to unpack (expected 2)")
+
+    def test_lists_of_different_lengths_through_the_op_are_refused(self):
+        with fake_mode():
+            args = op.op_arguments(**build(contract.valid_spec(DIMS)))
+            args["srcs"] = args["srcs"][:1]
+            err = raised(torch.ops.strictops.fused_conv_window_scatter_multi, **args)
+        self.assertEqual(str(err), "zip() argument 2 is shorter than argument 1")
 
     def test_no_pairs_are_refused_even_without_requests(self):
         dims = contract.Dims(**{**DIMS.__dict__, "n1": 0})
-        spec = {**contract.valid_spec(dims), "dsts": [], "srcs": []}
+        spec = {**contract.valid_spec(dims), "pairs": []}
         with fake_mode():
-            err = raised(op.public_call, **build(spec))
+            err = raised(fused_conv_window_scatter_multi, **build(spec))
         self.assertIn("Expected 1 to 8 (conv_states, conv_window) pairs, but got 0", str(err))
-
-
-@settings(SETTINGS, max_examples=60)
-@given(case=conv_window_multi_near_miss())
-def test_near_miss_eager_and_fake_paths_agree(case):
-    """One rule broken at a time: the eager path (concrete sizes) and the fake path (symbolic
-    sizes) both raise exactly that rule's error."""
-    assert_near_miss_parity(op.public_call, contract, *case)
 
 
 @settings(SETTINGS, max_examples=25)
@@ -148,30 +140,31 @@ def test_interpreted_kernel_equals_reference(data):
     """Any index values, 1-3 pairs of mixed dims, widths and dtypes, one or two sets, any tile
     size, either program order: exactly the reference's writes, and every ``src`` untouched.
     (All eight pairs: the next test; the interpreter runs every program in Python.)"""
-    dims = data.draw(conv_window_multi_dims(device="cpu", max_pairs=3))
-    values = conv_window_multi_index_values(data.draw, dims)
+    dims = data.draw(calls_of.dims(device="cpu", max_pairs=3))
+    values = calls_of.index_values(data.draw, dims)
     tuning = data.draw(st.sampled_from([{}, {"block_bytes": 16}, {"block_bytes": 256}]))
     reverse = data.draw(st.booleans())
-    args = conv_window_multi_tensors(dims, values, "cpu", torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
+    args = calls_of.tensors(dims, values, "cpu",
+                            torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
     expected = op.reference(**args)
-    before = [bytes(s.untyped_storage()) for s in args["srcs"]]
+    before = [bytes(s.untyped_storage()) for _, s in args["pairs"]]
     op.launch_interpreted(**args, reverse_programs=reverse, **tuning)
-    for got, want in zip(args["dsts"], expected):
+    for (got, _), want in zip(args["pairs"], expected):
         assert torch.equal(got, want)
-    assert [bytes(s.untyped_storage()) for s in args["srcs"]] == before
+    assert [bytes(s.untyped_storage()) for _, s in args["pairs"]] == before
 
 
 @pytest.mark.parametrize("reverse_programs", [False, True])
 def test_eight_pairs_of_every_dtype(reverse_programs):
     dims = contract.Dims(num_layers=2, cache_size=5, spec_size=3, draft_tokens=2,
-                         windows=tuple((3 + k, 1 + k % 4, CONV_WINDOW_DTYPES[k % 4])
+                         windows=tuple((3 + k, 1 + k % 4, DTYPES[k % 4])
                                        for k in range(contract.MAX_PAIRS)), n1=3, n2=2)
     values = {"dst_indices_raw": [4, 0, 2], "step_indices_raw": [1, 0, -1],
               "dst_indices2_raw": [0, 3], "step_indices2_raw": [1, 1]}
-    args = conv_window_multi_tensors(dims, values, "cpu", torch.Generator().manual_seed(4))
+    args = calls_of.tensors(dims, values, "cpu", torch.Generator().manual_seed(4))
     expected = op.reference(**args)
     op.launch_interpreted(**args, reverse_programs=reverse_programs)
-    assert all(torch.equal(a, b) for a, b in zip(args["dsts"], expected))
+    assert all(torch.equal(d, e) for (d, _), e in zip(args["pairs"], expected))
 
 
 @pytest.mark.parametrize("reverse_programs", [False, True])
@@ -181,19 +174,19 @@ def test_the_second_set_wins_over_the_first_and_the_later_request_within_a_set(r
     src = one.window_view(torch.randn(2, 3, 5, 2 + 3 - 1, generator=gen), 2, 3)
     slots1, steps1 = torch.tensor([1, 1, 2]), torch.tensor([0, 1, 1])  # 1 -> request 1
     slots2, steps2 = torch.tensor([2, 3]), torch.tensor([0, -1])  # 2 -> set 2's request 0
-    op.launch_interpreted([dst], [src], slots1, steps1, slots2, steps2, block_bytes=16,
+    op.launch_interpreted([(dst, src)], slots1, steps1, slots2, steps2, block_bytes=16,
                           reverse_programs=reverse_programs)
     assert torch.equal(dst[:, 1], src[:, 1, 1]) and torch.equal(dst[:, 2], src[:, 0, 0])
 
 
 def test_equals_the_one_pair_op_per_pair_and_set():
     args = op.example_inputs("cpu", True, torch.Generator().manual_seed(3))
-    expected = [d.clone() for d in args["dsts"]]
-    for dst, src in zip(expected, args["srcs"]):
+    expected = [d.clone() for d, _ in args["pairs"]]
+    for dst, (_, src) in zip(expected, args["pairs"]):
         one.launch_interpreted(dst, src, args["dst_indices_raw"], args["step_indices_raw"])
         one.launch_interpreted(dst, src, args["dst_indices2_raw"], args["step_indices2_raw"])
     op.launch_interpreted(**args)
-    assert all(torch.equal(a, b) for a, b in zip(args["dsts"], expected))
+    assert all(torch.equal(d, e) for (d, _), e in zip(args["pairs"], expected))
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,25 +197,25 @@ def test_equals_the_one_pair_op_per_pair_and_set():
 @settings(SETTINGS, max_examples=30)
 @given(data=st.data())
 def test_gpu_op_equals_reference(data):
-    dims = data.draw(conv_window_multi_dims(device="cuda"))
-    values = conv_window_multi_index_values(data.draw, dims)
-    args = conv_window_multi_tensors(dims, values, "cuda", torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
+    dims = data.draw(calls_of.dims(device="cuda"))
+    values = calls_of.index_values(data.draw, dims)
+    args = calls_of.tensors(dims, values, "cuda",
+                            torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
     expected = op.reference(**args)
-    op.public_call(**args)
-    assert all(torch.equal(a, b) for a, b in zip(args["dsts"], expected))
+    fused_conv_window_scatter_multi(**args)
+    assert all(torch.equal(d, e) for (d, _), e in zip(args["pairs"], expected))
 
 
 @gpu
 @settings(SETTINGS, max_examples=30)
-@given(case=conv_window_multi_near_miss(device="cuda:0"))
-def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
-    rule, spec = case
-    args = build(spec)
-    before = [bytes(d.untyped_storage().cpu()) for d in args["dsts"]]
-    want_type, want_msg = contract.CONTRACT.expected_error(rule, **args)
-    err = raised(op.public_call, **args)
-    assert (type(err), str(err)) == (want_type, want_msg)
-    assert [bytes(d.untyped_storage().cpu()) for d in args["dsts"]] == before
+@given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
+def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
+    args, kwargs = call.build()
+    dsts = [p[0] for p in args[0] if len(p)]
+    before = [bytes(d.untyped_storage().cpu()) for d in dsts]
+    err = raised(fused_conv_window_scatter_multi, *args, **kwargs)
+    assert (type(err), str(err)) == call.expected_error(args, kwargs)
+    assert [bytes(d.untyped_storage().cpu()) for d in dsts] == before
 
 
 @gpu

@@ -49,8 +49,15 @@ def _name(op: str) -> str:
 def _example(op: str) -> dict:
     """The op's example call on the CPU: every optional tensor argument given, random valid
     values (from a seeded CPU generator, so that every device gets the same values)."""
-    return OP_MODULES[op].example_inputs("cpu", small=True,
-                                         generator=torch.Generator().manual_seed(0))
+    module = OP_MODULES[op]
+    args = module.example_inputs("cpu", small=True, generator=torch.Generator().manual_seed(0))
+    # The op's own arguments, where the public function takes them in another form.
+    return getattr(module, "op_arguments", lambda **kw: kw)(**args)
+
+
+def _public_arguments(op: str, args: dict) -> dict:
+    """The public function's (and its contract's) arguments for the op's ``args``."""
+    return getattr(OP_MODULES[op], "public_arguments", lambda **kw: kw)(**args)
 
 
 def _is_tensors(v) -> bool:
@@ -86,17 +93,21 @@ def _call(op: str, devices: dict, fake: bool = False) -> dict:
 
 
 def _entry_points(op: str) -> list:
-    """The public function (which skips the dispatcher in plain eager mode; its module's
-    ``public_call`` where it takes the op's arguments in another form) and the op itself."""
-    module = OP_MODULES[op]
-    public = getattr(module, "public_call", None) or getattr(module, _name(op))
-    return [public, getattr(torch.ops.strictops, _name(op))]
+    """The public function (which skips the dispatcher in plain eager mode), called with the
+    op's arguments, and the op itself."""
+    public = getattr(OP_MODULES[op], _name(op))
+
+    def call_public(**args):
+        return public(**_public_arguments(op, args))
+
+    return [call_public, getattr(torch.ops.strictops, _name(op))]
 
 
 def _device_error(op: str, args: dict) -> tuple[type[Exception], str]:
     """The error the contract reports for ``args``, which must be a device rule whose message
     names the second GPU (as ``cuda:1`` or as ``device(type='cuda', index=1)``)."""
     contract = CONTRACTS[op]
+    args = _public_arguments(op, args)
     rule = contract.broken_rule(**args)
     assert rule is not None and rule.endswith("device"), rule
     error, message = contract.expected_error(rule, **args)

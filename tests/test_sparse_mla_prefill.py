@@ -27,18 +27,16 @@ from hypothesis import strategies as st
 from triton.runtime import interpreter
 
 from strictops.meta import sparse_mla_prefill as contract
-from strictops.meta._specs import TensorSpec
+from strictops.meta import strategies
+from strictops.meta.strategies import sparse_mla_prefill as calls_of
 from strictops.meta.testing import (
     CAN_NAME_SECOND_GPU,
     assert_every_rule_pinned,
-    assert_near_miss_parity,
     build,
     fake_mode,
     gpu,
     near_miss_message,
     raised,
-    sparse_mla_dims,
-    sparse_mla_near_miss,
 )
 from strictops.ops import sparse_mla_prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
@@ -61,7 +59,7 @@ def _inputs(args: dict) -> dict:
 
 
 class TestMessages(expecttest.TestCase):
-    """Every rule of SPEC §2 (and the added ones) on fake CUDA tensors, message pinned."""
+    """Every rule (the original's and the added ones) on fake CUDA tensors, message pinned."""
 
     def test_q_rank(self):
         self.assertExpectedInline(_message_on_fake("q_rank"), """q must have shape (s_q, h_q, d_qk), got (3, 128)""")
@@ -254,16 +252,8 @@ class TestMessages(expecttest.TestCase):
         self.assertExpectedInline(str(err), """topk_length values must satisfy 0 <= topk_length <= topk (256)""")
 
 
-@settings(SETTINGS, max_examples=80)
-@given(case=sparse_mla_near_miss())
-def test_near_miss_eager_and_fake_paths_agree(case):
-    """One rule broken at a time: the eager path (concrete sizes) and the fake path (symbolic
-    sizes, as traced by torch.compile/export) both raise exactly that rule's error."""
-    assert_near_miss_parity(sparse_mla_q8kv8_prefill_fwd, contract, *case)
-
-
 @settings(SETTINGS, max_examples=30)
-@given(dims=sparse_mla_dims())
+@given(dims=calls_of.dims())
 def test_valid_calls_pass_on_fake_tensors_and_return_the_given_buffers(dims):
     with fake_mode():
         args = build(contract.valid_spec(dims))
@@ -375,7 +365,7 @@ def _check_interpreted(args: dict, reverse_programs: bool = False):
 def test_interpreted_kernel_matches_the_reference(data):
     """Any mix of valid and invalid indices, lengths, sink and buffers, both head dims:
     within REL_L2_BOUND of the float64 reference, empty rows exact, every buffer written."""
-    dims = data.draw(sparse_mla_dims(device="cpu", small=True))
+    dims = data.draw(calls_of.dims(device="cpu", small=True))
     args = op.random_inputs(
         dims, torch.Generator().manual_seed(data.draw(st.integers(0, 2**16))),
         invalid_fraction=data.draw(st.sampled_from([0.0, 1 / 8, 1 / 2, 1.0])),
@@ -546,7 +536,7 @@ def _check_on_gpu(args: dict, seed: int):
 @pytest.mark.parametrize("variant", ["plain", "topk_length", "attn_sink"])
 def test_gpu_matches_the_reference_and_writes_every_element(d_qk, variant, kernel):
     """Poisoned (NaN) buffers, -1 and >= s_kv indices, a fully invalid token, zero and
-    partial lengths: within the issue's 2.5e-2 of float64, every element written."""
+    partial lengths: within ``GPU_REL_L2_BOUND`` (2.5e-2) of float64, every element written."""
     gen, seed = _fresh_generator()
     dims = contract.Dims(s_q=96, s_kv=3000, h_q=128, d_qk=d_qk, topk=512,
                          with_topk_length=variant != "plain", with_attn_sink=variant == "attn_sink",
@@ -619,16 +609,15 @@ def test_gpu_functional_buffer_and_dispatcher_calls_agree_bit_for_bit():
 
 @gpu
 @settings(SETTINGS, max_examples=40)
-@given(case=sparse_mla_near_miss(device="cuda:0"))
-def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(case):
-    rule, spec = case
-    args = {k: (v.empty() if isinstance(v, TensorSpec) else v) for k, v in spec.items()}
-    before = {k: args[k].fill_(0).clone() for k in contract.CONTRACT.mutates
-              if isinstance(args[k], torch.Tensor)}  # filled: uninitialised NaN != NaN
-    want = contract.CONTRACT.expected_error(rule, **args)
-    err = raised(sparse_mla_q8kv8_prefill_fwd, **args)
-    assert (type(err), str(err)) == want
-    assert all(torch.equal(args[k], v) for k, v in before.items())
+@given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
+def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
+    args, kwargs = call.build()  # zero-filled
+    named = call.named(args, kwargs)
+    before = {k: named[k].clone() for k in call.contract.mutates
+              if isinstance(named[k], torch.Tensor)}
+    err = raised(sparse_mla_q8kv8_prefill_fwd, *args, **kwargs)
+    assert (type(err), str(err)) == call.expected_error(args, kwargs)
+    assert all(torch.equal(named[k], v) for k, v in before.items())
 
 
 @gpu

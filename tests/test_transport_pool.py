@@ -30,19 +30,16 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 
 from strictops.meta import transport_pool as contract
+from strictops.meta.strategies import transport_pool as calls_of
 from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
     assert_every_rule_pinned,
-    assert_near_miss_parity,
     build,
     fake_mode,
     gpu,
     near_miss_message,
     raised,
-    transport_dims,
-    transport_lease,
-    transport_near_miss,
 )
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops import transport_pool as op
@@ -114,8 +111,8 @@ class TestMessages(expecttest.TestCase):
         assert_every_rule_pinned(self, contract)  # near misses: tests/test_registry.py
 
     def test_copy_tensor_source_checks_carry_the_pool_name(self):
-        """``copy_tensor`` runs the op's source rules under the transport's name (the seed's
-        messages), before it leases anything."""
+        """``copy_tensor`` runs the op's source rules under the transport's name (the
+        original's messages), before it leases anything."""
         spec = contract.valid_spec(DIMS)
         messages = []
         with fake_mode():
@@ -187,16 +184,8 @@ CUDA IPC cannot transport an empty tensor""")
         self.assertExpectedInline(str(err), """stream-ordered waits and writes need cuda-bindings: pip install 'strictops[cuda]'""")
 
 
-@settings(SETTINGS, max_examples=60)
-@given(case=transport_near_miss())
-def test_near_miss_eager_and_fake_paths_agree(case):
-    """One rule broken at a time: the eager path (concrete sizes) and the fake path (symbolic
-    sizes, as traced by torch.compile/export) both raise exactly that rule's error."""
-    assert_near_miss_parity(copy_and_publish, contract, *case)
-
-
 @settings(SETTINGS, max_examples=30)
-@given(dims=transport_dims())
+@given(dims=calls_of.dims())
 def test_valid_calls_pass_the_contract(dims):
     with fake_mode():
         contract.validate(**build(contract.valid_spec(dims)))
@@ -325,9 +314,9 @@ def test_interpreted_kernel_equals_reference_for_any_lease(data):
     """Any lease values, from a tensor or as arguments: the kernel writes exactly what the
     reference writes (a fitting lease: its bytes and its ready word; any other: nothing, and
     the error word counts it), and leaves the arrival counter at 0."""
-    dims = data.draw(transport_dims(device="cpu"))
+    dims = data.draw(calls_of.dims(device="cpu"))
     args = _fill(dims, torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
-    lease = data.draw(transport_lease(dims))
+    lease = data.draw(calls_of.lease(dims))
     as_tensor = data.draw(st.booleans())
     args["lease"] = torch.tensor(lease, dtype=torch.int64) if as_tensor else lease
     tuning = {"block_bytes": data.draw(st.sampled_from([16, 64, 256])),
@@ -601,11 +590,11 @@ def test_gpu_copy_tensor_messages_carry_the_pool_name():
 @settings(SETTINGS, max_examples=40)
 @given(data=st.data())
 def test_gpu_op_equals_reference_for_any_lease(data):
-    dims = data.draw(transport_dims(device="cuda:0", max_data=1 << 16))
+    dims = data.draw(calls_of.dims(device="cuda:0", max_data=1 << 16))
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
     args = {k: (v.to("cuda:0") if isinstance(v, torch.Tensor) else v)
             for k, v in _fill(dims, gen).items()}
-    args["lease"] = torch.tensor(data.draw(transport_lease(dims)), device="cuda:0")
+    args["lease"] = torch.tensor(data.draw(calls_of.lease(dims)), device="cuda:0")
     pool, state = op.reference(**args)
     copy_and_publish(**args)
     assert torch.equal(args["pool"], pool) and torch.equal(args["state"], state)
@@ -682,7 +671,7 @@ def test_gpu_cancel_lease_and_background_recycler():
 def test_gpu_one_producer_two_consumer_processes_over_ipc():
     """Random sizes (1 B to 64 MiB) and dtypes through a pool too small to hold them all:
     checksums match in both consumers, and no lease is left at the end.
-    ``STRICTOPS_IPC_TRANSFERS=10000`` runs the issue's full count."""
+    ``STRICTOPS_IPC_TRANSFERS=10000`` runs 10,000 transfers."""
     transfers = os.environ.get("STRICTOPS_IPC_TRANSFERS", "300")
     result = subprocess.run([sys.executable, str(IPC_DRIVER), "--transfers", transfers],
                             capture_output=True, text=True, timeout=3000)

@@ -1,0 +1,89 @@
+"""Every op's contract, through its public strategies (``strictops.meta.strategies``).
+
+For every public op: each near miss (one rule broken at a time) raises exactly that rule's
+``ValueError`` on the eager path (fake tensors, concrete sizes) and on the fake path (symbolic
+sizes, what ``torch.compile``/``torch.export`` trace), and again while ``torch.compile`` traces
+the public function; each valid call passes the contract and traces as one graph.
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import strictops.ops
+from strictops.meta import CONTRACTS, strategies
+
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _public(op: str):
+    return getattr(strictops.ops, op)
+
+
+def test_every_op_has_strategies():
+    assert {c.op.split("::", 1)[1] for c in CONTRACTS.values()} <= set(strategies.OPS)
+    assert set(strategies.OPS) <= set(strictops.ops.__all__)
+
+
+def test_strategies_and_self_check_need_no_pytest():
+    """The public strategies (hypothesis only) and the self-check (neither) import no pytest."""
+    code = ("import sys, strictops.meta.strategies, strictops.ops.selfcheck; "
+            "assert 'pytest' not in sys.modules, 'pytest imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("op", strategies.OPS)
+def test_built_calls_bind_to_the_public_signature_in_order(op):
+    """``build()`` passes every argument the way the public function takes it (keyword-only
+    ones by keyword), and a call's arguments come in the function's order."""
+    signature = inspect.signature(_public(op))
+    order = list(signature.parameters)
+
+    @settings(SETTINGS, max_examples=5)
+    @given(call=strategies.calls(op))
+    def check(call):
+        assert list(call.spec) == [n for n in order if n in call.spec]
+        with strategies.fake_mode():
+            args, kwargs = call.build()
+        bound = signature.bind(*args, **kwargs)
+        assert set(bound.arguments) == set(call.spec)
+
+    check()
+
+
+@pytest.mark.parametrize("op", strategies.OPS)
+def test_near_misses_raise_the_rule_error_eager_and_fake(op):
+    @settings(SETTINGS, max_examples=60)
+    @given(call=strategies.calls(op, valid=False))
+    def check(call):
+        assert call.rule is not None
+        assert strategies.failures(_public(op), call, traced=False) == []
+
+    check()
+
+
+@pytest.mark.parametrize("op", strategies.OPS)
+def test_near_misses_fail_while_tracing(op):
+    @settings(SETTINGS, max_examples=6)
+    @given(call=strategies.calls(op, valid=False))
+    def check(call):
+        assert strategies.failures(_public(op), call) == []
+
+    check()
+
+
+@pytest.mark.parametrize("op", strategies.OPS)
+def test_valid_calls_pass_and_trace_as_one_graph(op):
+    @settings(SETTINGS, max_examples=4)
+    @given(call=strategies.calls(op))
+    def check(call):
+        assert call.rule is None
+        assert strategies.failures(_public(op), call) == []
+
+    check()
