@@ -109,27 +109,15 @@ def main() -> None:
 
             def theirs():
                 sgl.fused_conv_window_scatter_with_mask(dst, src, slots, steps)
-
-            row["original_eager_us"] = median_us(theirs)
-            row["original_graph_us"] = graph_replay_us(theirs)
-            row["original_eager_wall_us"], _ = wall_us(theirs)
+        else:
+            theirs = None
         del expected
-        row["eager_us"] = median_us(ours)
-        row["graph_us"] = graph_replay_us(ours)
-        row["eager_wall_us"], row["eager_wall_min_us"] = wall_us(ours)
+        time_side_by_side(report, row, ours, theirs, floor_us, {
+            f"{v['block_bytes']}B/{v['num_warps']}w": functools.partial(
+                m._launch, m._scatter_kernel, dst, src, slots, steps, None, **v)
+            for v in TUNING})
         row["dispatcher_wall_us"], _ = wall_us(
             lambda: torch.ops.strictops.fused_conv_window_scatter_with_mask(dst, src, slots, steps))
-        row["graph_floor_ratio"] = floor_us / row["graph_us"]
-        row["tuning_graph_us"] = {
-            f"{v['block_bytes']}B/{v['num_warps']}w": graph_replay_us(functools.partial(
-                m._launch, m._scatter_kernel, dst, src, slots, steps, None, **v))
-            for v in TUNING}
-        if sgl is not None:
-            row["graph_vs_original"] = row["original_graph_us"] / row["graph_us"]
-            row["eager_vs_original"] = row["original_eager_us"] / row["eager_us"]
-            row["wall_vs_original"] = row["original_eager_wall_us"] / row["eager_wall_us"]
-            for key in ("graph_vs_original", "eager_vs_original", "wall_vs_original"):
-                report.check_bar(row, key, ">=", 1.0)
         report.add(**row)
         del dst, src
         torch.cuda.empty_cache()
@@ -140,21 +128,49 @@ def main() -> None:
                             "original_eager_wall_us", "dispatcher_wall_us",
                             "graph_floor_ratio", "graph_vs_original", "eager_vs_original",
                             "wall_vs_original"],
-                 plot=_plot)
+                 plot=plot_for("fused_conv_window_scatter_with_mask"))
+    print_tuning(report)
+
+
+def time_side_by_side(report, row: dict, ours, theirs, floor_us: float, variants: dict) -> None:
+    """Time ``ours`` and ``theirs`` (the original, or None) eager, in graph replay and by host
+    wall time into ``row``; the tuning ``variants`` in graph replay; ratios, and the bars
+    (at least as fast as the original, each way)."""
+    if theirs is not None:
+        row["original_eager_us"] = median_us(theirs)
+        row["original_graph_us"] = graph_replay_us(theirs)
+        row["original_eager_wall_us"], _ = wall_us(theirs)
+    row["eager_us"] = median_us(ours)
+    row["graph_us"] = graph_replay_us(ours)
+    row["eager_wall_us"], row["eager_wall_min_us"] = wall_us(ours)
+    row["graph_floor_ratio"] = floor_us / row["graph_us"]
+    row["tuning_graph_us"] = {name: graph_replay_us(fn) for name, fn in variants.items()}
+    if theirs is not None:
+        row["graph_vs_original"] = row["original_graph_us"] / row["graph_us"]
+        row["eager_vs_original"] = row["original_eager_us"] / row["eager_us"]
+        row["wall_vs_original"] = row["original_eager_wall_us"] / row["eager_wall_us"]
+        for key in ("graph_vs_original", "eager_vs_original", "wall_vs_original"):
+            report.check_bar(row, key, ">=", 1.0)
+
+
+def plot_for(title: str):
+    """The results plot: floors, ours and the original, graph and eager, per row."""
+    def plot(plt, report):
+        series = [("floor (bytes moved / copy bandwidth)", "floor_us"),
+                  ("floor (bytes touched)", "touched_floor_us"),
+                  ("ours, graph", "graph_us"), ("original, graph", "original_graph_us"),
+                  ("ours, eager", "eager_us"), ("original, eager", "original_eager_us")]
+        fig, ax = grouped_bars(plt, report, "shape", series, title, "µs (median, log scale)")
+        ax.legend(fontsize=7)
+        return fig
+
+    return plot
+
+
+def print_tuning(report) -> None:
     for r in report.rows:
         print(r["shape"], "tuning (graph us):",
               ", ".join(f"{k}={v:.2f}" for k, v in r["tuning_graph_us"].items()))
-
-
-def _plot(plt, report):
-    series = [("floor (bytes moved / copy bandwidth)", "floor_us"),
-              ("floor (bytes touched)", "touched_floor_us"),
-              ("ours, graph", "graph_us"), ("original, graph", "original_graph_us"),
-              ("ours, eager", "eager_us"), ("original, eager", "original_eager_us")]
-    fig, ax = grouped_bars(plt, report, "shape", series, "fused_conv_window_scatter_with_mask",
-                           "µs (median, log scale)")
-    ax.legend(fontsize=7)
-    return fig
 
 
 if __name__ == "__main__":

@@ -19,17 +19,16 @@ import torch
 from strictops.ops import conv_window_scatter_multi as m
 from strictops.ops import fused_conv_window_scatter_multi
 
-from _harness import (
-    Report,
-    arg_parser,
-    copy_bandwidth_bytes_per_us,
-    graph_replay_us,
-    grouped_bars,
-    median_us,
-    parse_args,
-    wall_us,
+from _harness import Report, arg_parser, copy_bandwidth_bytes_per_us, parse_args
+from bench_conv_window_scatter import (
+    TUNING,
+    floors_us,
+    make_inputs,
+    original,
+    plot_for,
+    print_tuning,
+    time_side_by_side,
 )
-from bench_conv_window_scatter import TUNING, floors_us, make_inputs, original
 
 # (name, pairs, layers, cache, dim, K-1, dtype, requests, draft tokens, valid set 1, valid set 2)
 SHAPES = [
@@ -88,25 +87,13 @@ def main() -> None:
 
             def theirs():
                 sgl.fused_conv_window_scatter_multi(pairs, *sets)
-
-            row["original_eager_us"] = median_us(theirs)
-            row["original_graph_us"] = graph_replay_us(theirs)
-            row["original_eager_wall_us"], _ = wall_us(theirs)
-        row["eager_us"] = median_us(ours)
-        row["graph_us"] = graph_replay_us(ours)
-        row["eager_wall_us"], row["eager_wall_min_us"] = wall_us(ours)
-        row["graph_floor_ratio"] = floor_us / row["graph_us"]
+        else:
+            theirs = None
         padded = sets + [None] * (4 - len(sets))
-        row["tuning_graph_us"] = {
-            f"{v['block_bytes']}B/{v['num_warps']}w": graph_replay_us(functools.partial(
-                m._launch, m._scatter_multi_kernel, pairs, *padded, **v))
-            for v in TUNING}
-        if sgl is not None:
-            row["graph_vs_original"] = row["original_graph_us"] / row["graph_us"]
-            row["eager_vs_original"] = row["original_eager_us"] / row["eager_us"]
-            row["wall_vs_original"] = row["original_eager_wall_us"] / row["eager_wall_us"]
-            for key in ("graph_vs_original", "eager_vs_original", "wall_vs_original"):
-                report.check_bar(row, key, ">=", 1.0)
+        time_side_by_side(report, row, ours, theirs, floor_us, {
+            f"{v['block_bytes']}B/{v['num_warps']}w": functools.partial(
+                m._launch, m._scatter_multi_kernel, pairs, *padded, **v)
+            for v in TUNING})
         report.add(**row)
         del pairs, dsts
         torch.cuda.empty_cache()
@@ -115,21 +102,9 @@ def main() -> None:
                             "floor_us", "touched_floor_us", "graph_us", "original_graph_us",
                             "eager_us", "original_eager_us", "eager_wall_us",
                             "original_eager_wall_us", "graph_floor_ratio", "graph_vs_original",
-                            "eager_vs_original", "wall_vs_original"], plot=_plot)
-    for r in report.rows:
-        print(r["shape"], "tuning (graph us):",
-              ", ".join(f"{k}={v:.2f}" for k, v in r["tuning_graph_us"].items()))
-
-
-def _plot(plt, report):
-    series = [("floor (bytes moved / copy bandwidth)", "floor_us"),
-              ("floor (bytes touched)", "touched_floor_us"),
-              ("ours, graph", "graph_us"), ("original, graph", "original_graph_us"),
-              ("ours, eager", "eager_us"), ("original, eager", "original_eager_us")]
-    fig, ax = grouped_bars(plt, report, "shape", series, "fused_conv_window_scatter_multi",
-                           "µs (median, log scale)")
-    ax.legend(fontsize=7)
-    return fig
+                            "eager_vs_original", "wall_vs_original"],
+                 plot=plot_for("fused_conv_window_scatter_multi"))
+    print_tuning(report)
 
 
 if __name__ == "__main__":
