@@ -10,12 +10,11 @@ move (the window read and written), and the bytes it touches (a window is half o
 with the reference and the original, a sweep of the kernel's tuning, and an eager call's host
 wall time.
 
-    python benchmarks/bench_conv_window_scatter.py --out benchmarks/results/h200
+    python benchmarks/bench_conv_window_scatter.py [--out DIR]   # default: benchmarks/results/<gpu>/
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
@@ -27,10 +26,12 @@ from strictops.ops import fused_conv_window_scatter_with_mask
 
 from _harness import (
     Report,
+    arg_parser,
     copy_bandwidth_bytes_per_us,
     graph_replay_us,
     grouped_bars,
     median_us,
+    parse_args,
     wall_us,
 )
 
@@ -79,9 +80,7 @@ def floors_us(layers, n_valid, dim, km1, draft, element_size, bw):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
-    args = ap.parse_args()
+    args = parse_args(arg_parser(__doc__))
 
     sgl = original()
     gen = torch.Generator(device="cuda").manual_seed(20261201)
@@ -99,37 +98,26 @@ def main() -> None:
             fused_conv_window_scatter_with_mask(dst, src, slots, steps)
 
         expected = m.reference(dst, src, slots, steps)
+        theirs_dst = dst.clone() if sgl is not None else None  # both start from the same pool
         ours()
         row = {"shape": name, "dst": f"{list(dst.shape)} {str(dtype)[6:]}", "valid": n_valid,
                "bit_exact": torch.equal(dst, expected), "floor_us": floor_us,
                "touched_floor_us": touched_us}
         if sgl is not None:
-            theirs_dst = dst.clone()
             sgl.fused_conv_window_scatter_with_mask(theirs_dst, src, slots, steps)
             row["equal_to_original"] = torch.equal(theirs_dst, dst)
 
             def theirs():
                 sgl.fused_conv_window_scatter_with_mask(dst, src, slots, steps)
-
-            row["original_eager_us"] = median_us(theirs)
-            row["original_graph_us"] = graph_replay_us(theirs)
-            row["original_eager_wall_us"], _ = wall_us(theirs)
+        else:
+            theirs = None
         del expected
-        row["eager_us"] = median_us(ours)
-        row["graph_us"] = graph_replay_us(ours)
-        row["eager_wall_us"], row["eager_wall_min_us"] = wall_us(ours)
+        time_side_by_side(report, row, ours, theirs, floor_us, {
+            f"{v['block_bytes']}B/{v['num_warps']}w": functools.partial(
+                m._launch, m._scatter_kernel, dst, src, slots, steps, None, **v)
+            for v in TUNING})
         row["dispatcher_wall_us"], _ = wall_us(
             lambda: torch.ops.strictops.fused_conv_window_scatter_with_mask(dst, src, slots, steps))
-        row["graph_floor_ratio"] = floor_us / row["graph_us"]
-        row["tuning_graph_us"] = {
-            f"{v['block_bytes']}B/{v['num_warps']}w": graph_replay_us(functools.partial(
-                m._launch, m._scatter_kernel, dst, src, slots, steps, None, **v))
-            for v in TUNING}
-        if sgl is not None:
-            row["graph_vs_original"] = row["original_graph_us"] / row["graph_us"]
-            row["eager_vs_original"] = row["original_eager_us"] / row["eager_us"]
-            report.check_bar(row, "graph_vs_original", ">=", 1.0)
-            report.check_bar(row, "eager_vs_original", ">=", 1.0)
         report.add(**row)
         del dst, src
         torch.cuda.empty_cache()
@@ -138,22 +126,51 @@ def main() -> None:
                             "floor_us", "touched_floor_us", "graph_us", "original_graph_us",
                             "eager_us", "original_eager_us", "eager_wall_us",
                             "original_eager_wall_us", "dispatcher_wall_us",
-                            "graph_floor_ratio", "graph_vs_original", "eager_vs_original"],
-                 plot=_plot)
+                            "graph_floor_ratio", "graph_vs_original", "eager_vs_original",
+                            "wall_vs_original"],
+                 plot=plot_for("fused_conv_window_scatter_with_mask"))
+    print_tuning(report)
+
+
+def time_side_by_side(report, row: dict, ours, theirs, floor_us: float, variants: dict) -> None:
+    """Time ``ours`` and ``theirs`` (the original, or None) eager, in graph replay and by host
+    wall time into ``row``; the tuning ``variants`` in graph replay; ratios, and the bars
+    (at least as fast as the original, each way)."""
+    if theirs is not None:
+        row["original_eager_us"] = median_us(theirs)
+        row["original_graph_us"] = graph_replay_us(theirs)
+        row["original_eager_wall_us"], _ = wall_us(theirs)
+    row["eager_us"] = median_us(ours)
+    row["graph_us"] = graph_replay_us(ours)
+    row["eager_wall_us"], row["eager_wall_min_us"] = wall_us(ours)
+    row["graph_floor_ratio"] = floor_us / row["graph_us"]
+    row["tuning_graph_us"] = {name: graph_replay_us(fn) for name, fn in variants.items()}
+    if theirs is not None:
+        row["graph_vs_original"] = row["original_graph_us"] / row["graph_us"]
+        row["eager_vs_original"] = row["original_eager_us"] / row["eager_us"]
+        row["wall_vs_original"] = row["original_eager_wall_us"] / row["eager_wall_us"]
+        for key in ("graph_vs_original", "eager_vs_original", "wall_vs_original"):
+            report.check_bar(row, key, ">=", 1.0)
+
+
+def plot_for(title: str):
+    """The results plot: floors, ours and the original, graph and eager, per row."""
+    def plot(plt, report):
+        series = [("floor (bytes moved / copy bandwidth)", "floor_us"),
+                  ("floor (bytes touched)", "touched_floor_us"),
+                  ("ours, graph", "graph_us"), ("original, graph", "original_graph_us"),
+                  ("ours, eager", "eager_us"), ("original, eager", "original_eager_us")]
+        fig, ax = grouped_bars(plt, report, "shape", series, title, "µs (median, log scale)")
+        ax.legend(fontsize=7)
+        return fig
+
+    return plot
+
+
+def print_tuning(report) -> None:
     for r in report.rows:
         print(r["shape"], "tuning (graph us):",
               ", ".join(f"{k}={v:.2f}" for k, v in r["tuning_graph_us"].items()))
-
-
-def _plot(plt, report):
-    series = [("floor (bytes moved / copy bandwidth)", "floor_us"),
-              ("floor (bytes touched)", "touched_floor_us"),
-              ("ours, graph", "graph_us"), ("original, graph", "original_graph_us"),
-              ("ours, eager", "eager_us"), ("original, eager", "original_eager_us")]
-    fig, ax = grouped_bars(plt, report, "shape", series, "fused_conv_window_scatter_with_mask",
-                           "µs (median, log scale)")
-    ax.legend(fontsize=7)
-    return fig
 
 
 if __name__ == "__main__":

@@ -6,10 +6,10 @@ the serving kernel it replaces::
     from strictops.ops import fused_mamba_state_scatter_with_mask
 """
 
-from . import conv_window_scatter, mamba_after_verify, mamba_commit_indices, mamba_state_scatter
-from . import mamba_track_states
-from . import sparse_mla_prefill
+from . import conv_window_scatter, conv_window_scatter_multi, mamba_after_verify
+from . import mamba_commit_indices, mamba_state_scatter, mamba_track_states, sparse_mla_prefill
 from .conv_window_scatter import fused_conv_window_scatter_with_mask
+from .conv_window_scatter_multi import fused_conv_window_scatter_multi
 from .mamba_after_verify import scatter_mamba_states_after_mtp_verify
 from .mamba_commit_indices import fused_commit_track_indices
 from .mamba_track_states import track_mamba_states_all_layers, track_mamba_states_if_needed
@@ -23,6 +23,7 @@ from .transport_runtime import TransportConsumer, TransportPool
 # plain-PyTorch reference (``reference``) and interpreter launcher (``launch_interpreted``).
 OP_MODULES = {
     conv_window_scatter.contract.CONTRACT.op: conv_window_scatter,
+    conv_window_scatter_multi.contract.CONTRACT.op: conv_window_scatter_multi,
     mamba_state_scatter.contract.CONTRACT.op: mamba_state_scatter,
     sparse_mla_prefill.contract.CONTRACT.op: sparse_mla_prefill,
     transport_pool.contract.CONTRACT.op: transport_pool,
@@ -37,6 +38,7 @@ __all__ = [
     "TransportPool",
     "copy_and_publish",
     "fused_commit_track_indices",
+    "fused_conv_window_scatter_multi",
     "fused_conv_window_scatter_with_mask",
     "fused_mamba_state_scatter_with_mask",
     "scatter_mamba_states_after_mtp_verify",
