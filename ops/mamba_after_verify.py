@@ -9,8 +9,12 @@ lengths change (index values are read on the device only).
 
 * SSM: ``fused_mamba_state_scatter_with_mask(temporal, intermediate_ssm, ...)``, once with
   ``(state_indices_tensor, last_correct_step_indices)``, once more with the track set.
-* Conv: ``fused_conv_window_scatter_with_mask(conv[i], intermediate_conv_window[i], ...)`` for
-  every conv type, with the commit set, then with the track set.
+* Conv: without ``src_indices_raw``, one ``fused_conv_window_scatter_multi`` over every conv
+  type and both sets (as the original's multi-pair path, whose pointer table this replaces);
+  otherwise, or for pairs that one launch cannot serve,
+  ``fused_conv_window_scatter_with_mask(conv[i], intermediate_conv_window[i], ...)`` for every
+  conv type with the commit set, then with the track set. Both write the same: the track set
+  after the commit set, and within a set the later of two requests naming one slot.
 
 Empty caches (``numel() == 0``) are skipped, as in the original; emptiness is decided from
 sizes known at trace time only, so a traced call never guards on a size.
@@ -24,7 +28,10 @@ from typing import Optional, Sequence
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from strictops.meta.conv_window_scatter_multi import MAX_PAIRS
+
 from .conv_window_scatter import fused_conv_window_scatter_with_mask
+from .conv_window_scatter_multi import fused_conv_window_scatter_multi
 from .mamba_state_scatter import fused_mamba_state_scatter_with_mask
 
 __all__ = ["MambaCaches", "scatter_mamba_states_after_mtp_verify", "reference"]
@@ -45,6 +52,20 @@ def _empty(t: torch.Tensor) -> bool:
     # True only when the size is known to be 0 (a concrete size, or a traced size specialised
     # to 0); a symbolic size is not empty, and asking adds no guard.
     return statically_known_true(t.numel() == 0)
+
+
+def _one_launch_serves(pairs) -> bool:
+    """Whether ``fused_conv_window_scatter_multi`` takes these pairs: 1 to ``MAX_PAIRS`` of
+    them sharing layers, cache slots, verify rows and draft steps (sglang's conv types always
+    do). Decided on sizes known equal (concrete, or one symbol), never by a guard."""
+    if not 0 < len(pairs) <= MAX_PAIRS:
+        return False
+    (dst0, src0), shared = pairs[0], []
+    for dst, src in pairs[1:]:
+        shared += [dst.shape[0] == dst0.shape[0], dst.shape[1] == dst0.shape[1],
+                   src.shape[0] == src0.shape[0], src.shape[1] == src0.shape[1],
+                   src.shape[2] == src0.shape[2]]
+    return all(statically_known_true(c) for c in shared)
 
 
 def _check_track_set(mamba_track_indices, mamba_steps_to_track) -> None:
@@ -97,6 +118,10 @@ def scatter_mamba_states_after_mtp_verify(
     pairs = [(conv, window)
              for conv, window in zip(mamba_caches.conv, mamba_caches.intermediate_conv_window)
              if not _empty(conv)]
+    if src_indices_raw is None and _one_launch_serves(pairs):
+        fused_conv_window_scatter_multi(pairs, state_indices_tensor, last_correct_step_indices,
+                                        mamba_track_indices, mamba_steps_to_track)
+        return
     for slots, steps in index_sets:
         for conv, window in pairs:
             fused_conv_window_scatter_with_mask(conv, window, slots, steps, src_indices_raw)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from strictops.meta.strategies import mamba_state_scatter as index_values_of
 from strictops.meta.testing import anchor_module, gpu, raised
-from strictops.ops import conv_window_scatter, mamba_state_scatter
+from strictops.ops import conv_window_scatter, conv_window_scatter_multi, mamba_state_scatter
 from strictops.ops import mamba_after_verify as op
 from strictops.ops.mamba_after_verify import MambaCaches
 from strictops.ops import scatter_mamba_states_after_mtp_verify
@@ -51,7 +51,9 @@ def interpreted_ops(reverse_programs: bool = False):
     with mock.patch.object(op, "fused_mamba_state_scatter_with_mask", functools.partial(
             mamba_state_scatter.launch_interpreted, reverse_programs=reverse_programs)), \
          mock.patch.object(op, "fused_conv_window_scatter_with_mask", functools.partial(
-            conv_window_scatter.launch_interpreted, reverse_programs=reverse_programs)):
+            conv_window_scatter.launch_interpreted, reverse_programs=reverse_programs)), \
+         mock.patch.object(op, "fused_conv_window_scatter_multi", functools.partial(
+            conv_window_scatter_multi.launch_interpreted, reverse_programs=reverse_programs)):
         yield
 
 
@@ -102,6 +104,24 @@ def test_track_set_is_written_after_the_commit_set():
                                               one(2, 0, 0), one(0, -1, -1))
     assert torch.equal(caches.temporal[:, 2], caches.intermediate_ssm[:, 0, 0])
     assert torch.equal(caches.conv[0][:, 2], caches.intermediate_conv_window[0][:, 0, 0])
+
+
+@pytest.mark.parametrize("with_src", [False, True])
+def test_conv_types_in_one_launch_without_source_rows(with_src):
+    gen = torch.Generator().manual_seed(3)
+    caches = make_caches(2, 6, 4, 3, (4,), [(5, 3), (7, 2)], "cpu", gen)
+    one = lambda *v: torch.tensor(v)  # noqa: E731
+    args = (one(1, 4, 4, 0), one(2, 0, 1, -1), one(5, 3, -1, 5), one(0, -1, 2, 1),
+            one(3, 2, 1, 0) if with_src else None)
+    expected = op.reference(caches, *args)
+    with interpreted_ops(), \
+            mock.patch.object(op, "fused_conv_window_scatter_multi",
+                              wraps=op.fused_conv_window_scatter_multi) as multi, \
+            mock.patch.object(op, "fused_conv_window_scatter_with_mask",
+                              wraps=op.fused_conv_window_scatter_with_mask) as single:
+        scatter_mamba_states_after_mtp_verify(caches, *args)
+    assert (multi.call_count, single.call_count) == ((0, 4) if with_src else (1, 0))
+    assert _equal(caches, expected)
 
 
 def test_empty_caches_are_skipped():
