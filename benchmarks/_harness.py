@@ -114,6 +114,20 @@ def wall_us(fn: Callable[[], object], calls: int = 1000, windows: int = 11) -> t
     return samples[len(samples) // 2], samples[0]
 
 
+def anchor_module(name: str):
+    """The original kernels' module ``name`` from the repository root's ``.anchor`` folder
+    (built only where ours are compared with them), or None when it is absent."""
+    import importlib
+    import sys
+
+    folder = Path(__file__).resolve().parents[1] / ".anchor"
+    if not (folder / f"{name}.py").is_file():
+        return None
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return importlib.import_module(name)
+
+
 def copy_bandwidth_bytes_per_us(nbytes: int = 4 << 30) -> float:
     """Device-to-device copy bandwidth (bytes read + written per microsecond)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()

@@ -8,12 +8,17 @@ for the tests, the self-check and users fuzzing their own models.
 """
 
 from ._contract import Check, ConcreteTensor, Contract, concrete, hint, hint_size
-from . import mamba_state_scatter, sparse_mla_prefill
+from . import conv_window_scatter, conv_window_scatter_multi, mamba_commit_indices
+from . import mamba_state_scatter, mamba_track_states
+from . import sparse_mla_prefill
 from . import transport_pool
 
 CONTRACTS: dict[str, Contract] = {
     c.op: c
-    for c in (mamba_state_scatter.CONTRACT, sparse_mla_prefill.CONTRACT, transport_pool.CONTRACT)
+    for c in (conv_window_scatter.CONTRACT, conv_window_scatter_multi.CONTRACT,
+              mamba_commit_indices.CONTRACT, mamba_state_scatter.CONTRACT,
+              mamba_track_states.CONTRACT,
+              sparse_mla_prefill.CONTRACT, transport_pool.CONTRACT)
 }
 
 __all__ = [
@@ -22,9 +27,13 @@ __all__ = [
     "ConcreteTensor",
     "Contract",
     "concrete",
+    "conv_window_scatter",
+    "conv_window_scatter_multi",
     "hint",
     "hint_size",
+    "mamba_commit_indices",
     "mamba_state_scatter",
+    "mamba_track_states",
     "sparse_mla_prefill",
     "transport_pool",
 ]

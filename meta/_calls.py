@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
-from ._specs import TensorSpec
+from ._specs import TensorSpec, build_value
 
 
 @contextlib.contextmanager
@@ -43,9 +43,12 @@ def error_chain(exc: BaseException | None) -> Iterator[BaseException]:
 def _zeros(spec: TensorSpec) -> torch.Tensor:
     # Zeros, not uninitialised memory: index 0, a topk_length of 0 and a zero state word are
     # valid values, so a built valid call is also safe to run on a real GPU. A spec that sets
-    # its own values (a value rule's near miss) keeps them.
+    # its own values (a value rule's near miss) keeps them. Zeroed through the whole storage:
+    # a view whose elements overlap cannot be filled element by element.
     t = spec.empty()
-    return t if spec.sets_values else t.zero_()
+    if not spec.sets_values:
+        t.untyped_storage().fill_(0)
+    return t
 
 
 def build_symbolic(spec: Mapping[str, Any], mode: FakeTensorMode) -> dict:
@@ -53,16 +56,15 @@ def build_symbolic(spec: Mapping[str, Any], mode: FakeTensorMode) -> dict:
     env: the tensors a dynamic-shape trace sees. Entries that are not tensor specs pass
     unchanged, and a spec that is not ``symbolic`` (a view into shared or offset storage) is
     built as is."""
-    out = {}
-    for name, s in spec.items():
-        if not isinstance(s, TensorSpec) or not s.symbolic:
-            out[name] = s.empty() if isinstance(s, TensorSpec) else s
-            continue
+    def make(s: TensorSpec) -> torch.Tensor:
+        if not s.symbolic:
+            return s.empty()
         real = torch.empty_strided(s.shape, s.strides, dtype=s.dtype, device="meta")
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * len(s.shape))
         sym = mode.from_tensor(real, symbolic_context=ctx)  # symbolic sizes, device "meta"
-        out[name] = torch.empty_strided(sym.shape, sym.stride(), dtype=s.dtype, device=s.device)
-    return out
+        return torch.empty_strided(sym.shape, sym.stride(), dtype=s.dtype, device=s.device)
+
+    return {name: build_value(s, make) for name, s in spec.items()}
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,7 @@ class Call:
     def build(self) -> tuple[tuple, dict]:
         """``(args, kwargs)`` of the call, its tensors created (zero-filled) on their devices
         under whatever mode is current: inside ``FakeTensorMode`` they are fake."""
-        return self.split({k: (_zeros(v) if isinstance(v, TensorSpec) else v)
-                           for k, v in self.spec.items()})
+        return self.split({k: build_value(v, _zeros) for k, v in self.spec.items()})
 
     def build_symbolic(self, mode: FakeTensorMode) -> tuple[tuple, dict]:
         """Like :meth:`build`, with every size a symbol of ``mode`` (see :func:`build_symbolic`)."""

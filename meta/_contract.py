@@ -111,9 +111,25 @@ def sym_either(a: Any, b: Any) -> Any:
     return sym_or(a, b)
 
 
+def contiguous_from(t: torch.Tensor, first_dim: int) -> Any:
+    """Whether dims ``first_dim..`` of ``t`` are contiguous (a size-1 dim's stride is free), as
+    one condition: a walk with no Python branch on a size, so tracing guards on the relation
+    only."""
+    shape, strides = t.shape, t.stride()
+    expected, conds = 1, []
+    for i in range(len(shape) - 1, first_dim - 1, -1):
+        conds.append(sym_either(shape[i] == 1, strides[i] == expected))
+        expected = expected * shape[i]
+    return sym_all(conds)
+
+
 def concrete(value: Any) -> Any:
+    """A tensor's :class:`ConcreteTensor`, a list or tuple of them (a ``Tensor[]`` argument),
+    or the hint of any other value."""
     if isinstance(value, torch.Tensor):
         return ConcreteTensor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(concrete(v) for v in value)
     return hint(value)
 
 

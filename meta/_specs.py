@@ -105,7 +105,7 @@ def buildable_here(spec: Mapping[str, object]) -> bool:
     if not torch.cuda.is_available():
         return True
     count = torch.cuda.device_count()
-    for v in spec.values():
+    for v in _flat(spec.values()):
         if isinstance(v, TensorSpec):
             d = torch.device(v.device)
             if d.type == "cuda" and d.index is not None and d.index >= count:
@@ -114,6 +114,24 @@ def buildable_here(spec: Mapping[str, object]) -> bool:
 
 
 def build(spec: Mapping[str, object]) -> dict:
-    """Uninitialised tensors for every :class:`TensorSpec` of ``spec``; other entries (``None``,
-    Python scalars) are passed through unchanged."""
-    return {k: (v.empty() if isinstance(v, TensorSpec) else v) for k, v in spec.items()}
+    """Uninitialised tensors for every :class:`TensorSpec` of ``spec``, also inside a list (a
+    ``Tensor[]`` argument); other entries (``None``, Python scalars) are passed through."""
+    return {k: build_value(v, lambda s: s.empty()) for k, v in spec.items()}
+
+
+def build_value(v, make, kind=TensorSpec):
+    """``make(v)`` for a ``kind`` (a :class:`TensorSpec`), the same structure of them for a
+    list or tuple (a ``Tensor[]`` argument, a list of tensor pairs), ``v`` itself otherwise."""
+    if isinstance(v, kind):
+        return make(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(build_value(x, make, kind) for x in v)
+    return v
+
+
+def _flat(values):
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flat(v)
+        else:
+            yield v

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from ._contract import Check, Contract, sym_all, sym_either
+from ._contract import Check, Contract, contiguous_from, sym_all
 from ._specs import TensorSpec, other_device as _other_device, with_changes as _with
 
 OP_NAME = "fused_mamba_state_scatter_with_mask"
@@ -29,14 +29,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _entry_dims_contiguous(a):
-    # A contiguity walk restricted to dims 2..; a size-1 dim's stride is free. Built as one
-    # symbolic condition (no Python branch on a size), so tracing guards on the relation only.
-    shape, strides = a.dst.shape, a.dst.stride()
-    expected, conds = 1, []
-    for i in range(len(shape) - 1, 1, -1):
-        conds.append(sym_either(shape[i] == 1, strides[i] == expected))
-        expected = expected * shape[i]
-    return sym_all(conds)
+    return contiguous_from(a.dst, 2)
 
 
 def _trailing_dims_equal(a):

@@ -172,3 +172,26 @@ __all__ = [
     "near_miss_message",
     "raised",
 ]
+
+
+# --------------------------------------------------------------------------------------------
+# The original kernels, for side-by-side tests (optional: the repository root's ``.anchor``
+# folder, built only on machines that compare against them).
+
+
+def anchor_module(name: str):
+    """The module ``name`` of the repository root's ``.anchor`` folder; the calling test is
+    skipped when the folder or the module is absent."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / ".anchor"
+    if not (folder / f"{name}.py").is_file():
+        pytest.skip(f"no original to compare with: {folder.name}/{name}.py is absent")
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return importlib.import_module(name)
+
+
+__all__ += ["anchor_module"]

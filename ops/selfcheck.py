@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from strictops.meta import CONTRACTS
 from strictops.meta._calls import Call, failures, fake_mode
-from strictops.meta._specs import TensorSpec, buildable_here
+from strictops.meta._specs import TensorSpec, build_value, buildable_here
 from strictops.ops import OP_MODULES
 
 SEED = 0
@@ -79,9 +79,9 @@ def _fake_spec(module) -> dict:
     symbol. Strides are left contiguous, as ``valid_spec`` describes them, so the near misses
     can change shapes freely.
     """
-    return {
-        name: TensorSpec(tuple(t.shape), t.dtype, FAKE_DEVICE) if isinstance(t, torch.Tensor)
-        else t  # None, Python scalars: passed as they are
+    return {  # tensors, also in lists and pairs; None, Python scalars: passed as they are
+        name: build_value(t, lambda t: TensorSpec(tuple(t.shape), t.dtype, FAKE_DEVICE),
+                          torch.Tensor)
         for name, t in _example(module, "cpu", small=True).items()
     }
 

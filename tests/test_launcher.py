@@ -24,7 +24,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import create_function_from_signature
 
 from strictops.meta.testing import gpu
-from strictops.ops._launcher import Launcher, Pointer
+from strictops.ops._launcher import Launcher, Pointer, keyword_constexprs
 
 
 @triton.jit(do_not_specialize=["n_plain"], do_not_specialize_on_alignment=["n_unaligned"])
@@ -326,6 +326,34 @@ def test_transport_eager_launch(recording_driver, monkeypatch, nbytes):
     _eager_and_jit(lambda: tp.launch_eager(pool, src, row, 4, 2, lease),
                    lambda: tp._launch(tp._publish_kernel, pool, src, state[1], state[1], 4, 2,
                                       values=lease, two_launches=False))
+
+
+def test_mamba_track_states_eager_launch(recording_driver, monkeypatch):
+    from strictops.ops import mamba_track_states as mts
+    monkeypatch.setattr(mts, "_LAUNCHER", Launcher(mts._track_kernel))
+    conv = torch.zeros(2, 6, 5, 3, dtype=torch.bfloat16)
+    ssm = torch.zeros(2, 6, 4, 16)
+    src, dst = torch.zeros(5, dtype=torch.int32), torch.zeros(5, dtype=torch.int64)
+    mask = torch.zeros(5, dtype=torch.bool)
+    call = (conv, ssm, src, mask, dst, 4)
+    grid, args = mts._arguments(7, *call)
+    _eager_and_jit(lambda: mts._LAUNCHER(grid, args, mts._OPTIONS, 0),
+                   lambda: mts._launch(mts._track_kernel, 7, *call))
+
+
+@pytest.mark.parametrize("with_seq_lens", [False, True])
+def test_mamba_commit_indices_eager_launch(recording_driver, monkeypatch, with_seq_lens):
+    from strictops.ops import mamba_commit_indices as mci
+    monkeypatch.setattr(mci, "_LAUNCHER", Launcher(mci._commit_kernel))
+    accept_index = torch.zeros(6, 4, dtype=torch.int32)
+    lens = torch.zeros(6, dtype=torch.int64)
+    call = (accept_index, lens, lens if with_seq_lens else None, 4, 8)
+    results = mci._allocate(lens, call[2])
+    grid, args = mci._arguments(*call, *results)
+    runtime, constexprs = keyword_constexprs(mci._commit_kernel, args)  # the same results
+    _eager_and_jit(lambda: mci._LAUNCHER(grid, args, mci._OPTIONS, 0),
+                   lambda: mci._commit_kernel[grid](*runtime, **constexprs,
+                                                    num_warps=mci.NUM_WARPS))
 
 
 # On a GPU: eager calls whose pointers are not 16-byte aligned get a kernel of their own and

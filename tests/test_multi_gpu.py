@@ -49,12 +49,30 @@ def _name(op: str) -> str:
 def _example(op: str) -> dict:
     """The op's example call on the CPU: every optional tensor argument given, random valid
     values (from a seeded CPU generator, so that every device gets the same values)."""
-    return OP_MODULES[op].example_inputs("cpu", small=True,
-                                         generator=torch.Generator().manual_seed(0))
+    module = OP_MODULES[op]
+    args = module.example_inputs("cpu", small=True, generator=torch.Generator().manual_seed(0))
+    # The op's own arguments, where the public function takes them in another form.
+    return getattr(module, "op_arguments", lambda **kw: kw)(**args)
+
+
+def _public_arguments(op: str, args: dict) -> dict:
+    """The public function's (and its contract's) arguments for the op's ``args``."""
+    return getattr(OP_MODULES[op], "public_arguments", lambda **kw: kw)(**args)
+
+
+def _is_tensors(v) -> bool:
+    """A tensor argument, or a ``Tensor[]`` one (a list of tensors)."""
+    return isinstance(v, torch.Tensor) or (isinstance(v, list) and bool(v)
+                                           and all(isinstance(t, torch.Tensor) for t in v))
+
+
+def _each(v, fn):
+    """``fn`` of a tensor, or of every tensor of a list."""
+    return [fn(t) for t in v] if isinstance(v, list) else fn(v)
 
 
 def _tensor_arguments(op: str) -> list[str]:
-    return [k for k, v in _example(op).items() if isinstance(v, torch.Tensor)]
+    return [k for k, v in _example(op).items() if _is_tensors(v)]
 
 
 CASES = [(op, name) for op in OPS for name in _tensor_arguments(op)]
@@ -66,23 +84,30 @@ def _call(op: str, devices: dict, fake: bool = False) -> dict:
     copies, or (``fake``, inside a fake mode) fake tensors of the same metadata."""
     out = {}
     for name, v in _example(op).items():
-        if isinstance(v, torch.Tensor):
+        if _is_tensors(v):
             device = devices.get(name, "cuda:0")
-            v = (torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device) if fake
-                 else v.to(device))
+            v = _each(v, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                       device=device) if fake else t.to(device))
         out[name] = v
     return out
 
 
 def _entry_points(op: str) -> list:
-    """The public function (which skips the dispatcher in plain eager mode) and the op itself."""
-    return [getattr(OP_MODULES[op], _name(op)), getattr(torch.ops.strictops, _name(op))]
+    """The public function (which skips the dispatcher in plain eager mode), called with the
+    op's arguments, and the op itself."""
+    public = getattr(OP_MODULES[op], _name(op))
+
+    def call_public(**args):
+        return public(**_public_arguments(op, args))
+
+    return [call_public, getattr(torch.ops.strictops, _name(op))]
 
 
 def _device_error(op: str, args: dict) -> tuple[type[Exception], str]:
     """The error the contract reports for ``args``, which must be a device rule whose message
     names the second GPU (as ``cuda:1`` or as ``device(type='cuda', index=1)``)."""
     contract = CONTRACTS[op]
+    args = _public_arguments(op, args)
     rule = contract.broken_rule(**args)
     assert rule is not None and rule.endswith("device"), rule
     error, message = contract.expected_error(rule, **args)
@@ -112,12 +137,15 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _same_bytes(a: dict, b: dict) -> bool:
-    return all(torch.equal(_bytes(a[k]).cpu(), _bytes(b[k]).cpu())
-               for k, v in a.items() if isinstance(v, torch.Tensor))
+    def flat(args):
+        return [t for k in sorted(args) if _is_tensors(args[k])
+                for t in (args[k] if isinstance(args[k], list) else [args[k]])]
+
+    return all(torch.equal(_bytes(x).cpu(), _bytes(y).cpu()) for x, y in zip(flat(a), flat(b)))
 
 
 def _clones(args: dict) -> dict:
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    return {k: (_each(v, torch.clone) if _is_tensors(v) else v) for k, v in args.items()}
 
 
 @pytest.fixture(autouse=True)
@@ -135,7 +163,9 @@ def _fresh_dynamo():
 def test_the_cases_cover_every_tensor_argument_of_the_schema(op):
     schema = getattr(torch.ops.strictops, _name(op)).default._schema
     optional_tensor = torch._C.OptionalType(torch._C.TensorType.get())
-    in_schema = [a.name for a in schema.arguments if a.type.isSubtypeOf(optional_tensor)]
+    tensor_list = torch._C.ListType(torch._C.TensorType.get())
+    in_schema = [a.name for a in schema.arguments
+                 if a.type.isSubtypeOf(optional_tensor) or a.type.isSubtypeOf(tensor_list)]
     assert _tensor_arguments(op) == in_schema
 
 

@@ -14,7 +14,7 @@ import torch
 
 import strictops.ops  # noqa: F401  (registers torch.ops.strictops.*)
 from strictops.meta import CONTRACTS
-from strictops.meta._specs import TensorSpec, build
+from strictops.meta._specs import TensorSpec, build, build_value
 from strictops.meta.testing import fake_mode
 from strictops.ops import OP_MODULES
 
@@ -57,16 +57,18 @@ def test_fake_registration_runs_the_contract(op):
     entry = torch._library.simple_registry.singleton.find(op)
     assert entry.fake_impl.kernel is not None, f"{op} has no fake implementation"
     module = OP_MODULES[op]
-    spec = {k: TensorSpec(tuple(t.shape), t.dtype, "cuda:0") if isinstance(t, torch.Tensor)
-            else t  # None, Python scalars: passed as they are (as the self-check does)
+    spec = {k: build_value(t, lambda t: TensorSpec(tuple(t.shape), t.dtype, "cuda:0"),
+                           torch.Tensor)  # None, Python scalars: passed as they are
             for k, t in module.example_inputs("cpu", True, torch.Generator().manual_seed(0)).items()}
     rule = CONTRACTS[op].rules[-1]
     with fake_mode():
         args = build(module.contract.NEAR_MISSES[rule](spec))
         _, message = CONTRACTS[op].expected_error(rule, **args)
         namespace, name = op.split("::")
+        # The op's own arguments, where the public function takes them in another form.
+        op_args = getattr(module, "op_arguments", lambda **kw: kw)(**args)
         with pytest.raises(ValueError) as info:
-            getattr(getattr(torch.ops, namespace), name)(**args)
+            getattr(getattr(torch.ops, namespace), name)(**op_args)
     assert str(info.value) == message
 
 

@@ -1,0 +1,84 @@
+"""Benchmark: fused_commit_track_indices against sglang's original (``.anchor``, if present).
+
+A launch-bound op (a few hundred bytes): what counts is the eager host cost per call and the
+device time of a CUDA-graph replay, against a trivial kernel's replay measured in the same run
+(the ceiling for one launch). Every result is checked against the reference.
+
+    python benchmarks/bench_mamba_commit_indices.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+
+import torch
+
+from strictops.ops import fused_commit_track_indices
+from strictops.ops import mamba_commit_indices as m
+
+from _harness import (
+    Report,
+    anchor_module,
+    arg_parser,
+    graph_replay_us,
+    grouped_bars,
+    median_us,
+    parse_args,
+    wall_us,
+)
+
+# (name, requests, draft tokens, interval, with seq_lens)
+SHAPES = [("64req_track", 64, 4, 8, True), ("64req", 64, 4, 8, False),
+          ("512req_track", 512, 4, 8, True)]
+
+
+def _original():
+    sgl = anchor_module("sgl_mamba")
+    return None if sgl is None else sgl.fused_commit_track_indices
+
+
+def main() -> None:
+    args = parse_args(arg_parser(__doc__))
+    original = _original()
+    report = Report("mamba_commit_indices")
+    one = torch.zeros(1, device="cuda")
+    report.ceilings["trivial_kernel_graph_replay_us"] = graph_replay_us(lambda: one.add_(1))
+    gen = torch.Generator().manual_seed(20261201)
+    for name, batch, dtn, interval, track in SHAPES:
+        b = torch.arange(batch)[:, None] * dtn
+        accept_index = (b + torch.randint(0, dtn, (batch, dtn), generator=gen)).cuda()
+        accept_lens = torch.randint(1, dtn + 1, (batch,), generator=gen).cuda()
+        seq_lens = torch.randint(0, 1000, (batch,), generator=gen).cuda() if track else None
+        call = (accept_index, accept_lens, seq_lens, dtn, interval)
+        ours = lambda: fused_commit_track_indices(*call)  # noqa: E731
+        exact = all(torch.equal(g, w) for g, w in zip(ours(), m.reference(*call))
+                    if g is not None)
+        row = report.add(shape=name, requests=batch, bit_exact=exact,
+                         eager_us=median_us(ours, flush_l2=False),
+                         graph_us=graph_replay_us(ours, flush_l2=False),
+                         eager_wall_us=wall_us(ours)[0])
+        if original is not None:
+            orig = lambda: original(*call)  # noqa: E731
+            row["equal_to_original"] = all(
+                torch.equal(g, w) for g, w in zip(ours(), orig()) if g is not None)
+            row["original_eager_us"] = median_us(orig, flush_l2=False)
+            row["original_graph_us"] = graph_replay_us(orig, flush_l2=False)
+            row["original_eager_wall_us"] = wall_us(orig)[0]
+            report.check_bar(row, "eager_wall_us", "<=", row["original_eager_wall_us"])
+            report.check_bar(row, "graph_us", "<=", row["original_graph_us"] * 1.02)
+    report.write(args.out, ["shape", "requests", "bit_exact", "equal_to_original", "graph_us",
+                            "original_graph_us", "eager_us", "original_eager_us",
+                            "eager_wall_us", "original_eager_wall_us"], plot=_plot)
+
+
+def _plot(plt, report):
+    series = [("ours, graph", "graph_us"), ("original, graph", "original_graph_us"),
+              ("ours, eager host wall", "eager_wall_us"),
+              ("original, eager host wall", "original_eager_wall_us")]
+    fig, ax = grouped_bars(plt, report, "shape", series, "fused_commit_track_indices",
+                           "µs (median, log scale)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+if __name__ == "__main__":
+    main()
