@@ -1,4 +1,4 @@
-"""Benchmark: publishing a tensor into the transport pool (``copy_and_publish``).
+"""Benchmark: publishing a tensor into the transport pool.
 
 For 64 KiB, 1 MiB, 16 MiB and 256 MiB: ours (one launch up to 1 MiB, two above; the lease
 read from a device tensor, as a captured graph does, and the lease as kernel arguments, the
@@ -8,25 +8,23 @@ written over the copy bandwidth, measured between timing rounds). Device-time me
 (``do_bench``, L2 flushed before each call) and CUDA-graph replays, in ``ROUNDS`` rounds per
 size; every publish is checked bit for bit (bytes and ready word); a tuning sweep of the
 kernel; the host wall time of an eager publish (ours and the original path's); and the
-targets (``BARS``, on the median over the rounds), written with the results.
+issue's bars (``BARS``, on the median over the rounds), written with the results.
 
 An eager timing can include the GPU's wait for the host: ``do_bench`` fills the L2 before each
 call, and when the host takes longer to launch the publish than the GPU takes for that fill,
-the GPU waits and the wait is counted (on the H200 up to 16 MiB: one 64 KiB round 5.7 us, the
-next two 53 us, with equal graph replays). The graph replays are the kernel's numbers;
-``eager_wall_us`` is the host's.
+the GPU waits and the wait is counted (``docs/design/transport_pool.md``). The graph replays
+are the kernel's numbers; ``eager_wall_us`` is the host's.
 
 Needs cuda-bindings (the original path).
 
-    python benchmarks/bench_transport_pool.py [--out DIR]
-
-Results: ``benchmarks/results/<gpu>/transport_pool.{json,md,png}``; the design note
-``docs/design/transport_pool.md`` says what the numbers led to.
+    python benchmarks/bench_transport_pool.py --out benchmarks/results
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -37,12 +35,10 @@ from strictops.ops import transport_pool as m
 
 from _harness import (
     Report,
-    arg_parser,
     copy_bandwidth_bytes_per_us,
     graph_replay_us,
     grouped_bars,
     median_us,
-    parse_args,
     wall_us,
 )
 
@@ -64,7 +60,7 @@ TUNING = [{"block_bytes": b, "num_warps": w, "two_launches": two, **extra}
 ROUNDS = 3
 RATIOS = {"ours_bw_ratio": "ours_us", "ours_graph_bw_ratio": "ours_graph_us",
           "original_graph_bw_ratio": "original_graph_us", "copy_graph_bw_ratio": "copy_graph_us"}
-# The targets: a 64 KiB publish in at most 7 us, and at 256 MiB at least 0.95 of the
+# The issue's bars: a 64 KiB publish in at most 7 us, and at 256 MiB at least 0.95 of the
 # floor's bandwidth (graph replay, and the eager call).
 BARS = [("64KiB", "ours_graph_us", "<=", 7.0), ("256MiB", "ours_graph_bw_ratio", ">=", 0.95),
         ("256MiB", "ours_bw_ratio", ">=", 0.95)]
@@ -77,8 +73,9 @@ def _variant_name(v: dict) -> str:
 
 
 def main() -> None:
-    ap = arg_parser(__doc__)
-    args = parse_args(ap)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = ap.parse_args()
 
     report = Report("transport_pool")
     bw = copy_bandwidth_bytes_per_us()

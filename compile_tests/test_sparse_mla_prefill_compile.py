@@ -4,8 +4,9 @@ CPU (CI), on fake CUDA tensors, for both kernels (the Triton kernel, and the war
 Gluon kernel that sm_90 runs, whose launch is the ``strictops_kernels::sparse_mla_ws_launch``
 op): one graph, no graph break, no recompile when ``s_q``, ``s_kv``, ``topk`` (and ``h_q``)
 change; ``h_q = 16`` (the unpadded tensor-parallel heads that hung the original in serving) and
-every other rule fail at trace time with the eager message; overlapping buffers are refused at
-trace time; ``torch.export`` traces the op and refuses bad inputs with the original
+every other rule fail at trace time with the eager message, but the ``topk_length`` value rule,
+which never runs while tracing (the call traces as one graph); overlapping buffers are refused
+at trace time; ``torch.export`` traces the op and refuses bad inputs with the original
 ``ValueError``; Inductor receives one kernel launch and the allocations of the outputs the
 caller did not pass, nothing else.
 
@@ -27,6 +28,7 @@ from strictops.meta._specs import TensorSpec
 from strictops.meta.testing import (
     CAN_NAME_SECOND_GPU,
     SPARSE_MLA_SECOND_GPU_RULES,
+    SPARSE_MLA_VALUE_RULES,
     aot_op_graph,
     assert_rule_fails_at_trace_time,
     build,
@@ -116,9 +118,21 @@ def test_h_q_16_fails_at_trace_time(kernel):
     pytest.param(r, marks=pytest.mark.skipif(
         not CAN_NAME_SECOND_GPU and r in SPARSE_MLA_SECOND_GPU_RULES,
         reason="a real single-GPU machine has no cuda:1"))
-    for r in contract.CONTRACT.rules])
+    for r in contract.CONTRACT.rules if r not in SPARSE_MLA_VALUE_RULES])
 def test_every_rule_fails_at_trace_time(rule, kernel):
     assert_rule_fails_at_trace_time(step, contract, rule, _dims(1))
+
+
+@pytest.mark.parametrize("rule", sorted(SPARSE_MLA_VALUE_RULES))
+def test_value_rules_never_run_while_tracing(rule, kernel):
+    """Out-of-range ``topk_length`` values trace in one graph, no error and no read of a
+    value (a fake tensor has none): the kernel clamps and counts them instead."""
+    counter = CompileCounter()
+    compiled = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
+    with fake_mode():
+        compiled(**build(contract.NEAR_MISSES[rule](contract.valid_spec(_dims(1)))))
+    assert counter.frame_count == 1
+    assert not torch._dynamo.utils.counters["graph_break"]
 
 
 def _overlapping(args: dict, case: str) -> dict:

@@ -42,10 +42,12 @@ def error_chain(exc: BaseException | None) -> Iterator[BaseException]:
 
 def _zeros(spec: TensorSpec) -> torch.Tensor:
     # Zeros, not uninitialised memory: index 0, a topk_length of 0 and a zero state word are
-    # valid values, so a built valid call is also safe to run on a real GPU. Zeroed through
-    # the whole storage: a view whose elements overlap cannot be filled element by element.
+    # valid values, so a built valid call is also safe to run on a real GPU. A spec that sets
+    # its own values (a value rule's near miss) keeps them. Zeroed through the whole storage:
+    # a view whose elements overlap cannot be filled element by element.
     t = spec.empty()
-    t.untyped_storage().fill_(0)
+    if not spec.sets_values:
+        t.untyped_storage().fill_(0)
     return t
 
 
@@ -94,6 +96,12 @@ class Call:
         """The op's :class:`~strictops.meta.Contract`."""
         return self.contract_module.CONTRACT
 
+    @property
+    def eager_only(self) -> bool:
+        """Whether the broken rule reads tensor values (``reads_values``): it runs on real
+        tensors in plain eager mode only, never on fake tensors or while tracing."""
+        return self.rule is not None and self.contract.check(self.rule).reads_values
+
     def near_miss(self, rule: str) -> "Call":
         """This (valid) call with exactly ``rule`` broken, by the contract's near miss."""
         if self.rule is not None:
@@ -126,7 +134,7 @@ class Call:
 
     def expected_error(self, args: tuple, kwargs: Mapping[str, Any]):
         """``(exception type, message)`` the op raises on these built arguments, or ``None``
-        for a valid call."""
+        for a valid call. For an :attr:`eager_only` rule, on real tensors in eager mode."""
         if self.rule is None:
             return None
         return self.contract.expected_error(self.rule, **self.named(args, kwargs))
@@ -158,17 +166,21 @@ def failures(fn: Callable, call: Call, *, traced: bool = True) -> list[str]:
     * and, with ``traced``, while ``torch.compile(fn, fullgraph=True, dynamic=True)`` traces
       it (the tracing error carries the rule's error in its chain, with concrete numbers).
 
-    A valid call must pass the contract and, with ``traced``, trace as one graph. Each traced
-    check starts from a reset compile cache, so it traces afresh.
+    A valid call must pass the contract and, with ``traced``, trace as one graph. So must a
+    near miss of an :attr:`~Call.eager_only` rule: the rule reads tensor values, which fake
+    tensors do not have and a trace must not sync on, so it runs on real tensors in eager mode
+    only (the op copes with any value in its kernel); its error is for an eager call on real
+    tensors to check. Each traced check starts from a reset compile cache, so it traces afresh.
     """
     out = []
     with fake_mode():
         args, kwargs = call.build()
-        want = call.expected_error(args, kwargs)
+        want = None if call.eager_only else call.expected_error(args, kwargs)
         if want is None:
             broken = call.contract.broken_rule(**call.named(args, kwargs))
             if broken is not None:
-                out.append(f"the valid call breaks {broken!r}")
+                what = "the valid call" if call.rule is None else f"the {call.rule} near miss"
+                out.append(f"{what} breaks {broken!r} on fake tensors")
         else:
             got = _raised(fn, args, kwargs)
             if got is None or (type(got), str(got)) != want:

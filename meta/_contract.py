@@ -17,6 +17,10 @@ the check fails, so a passing check costs one predicate call.
 Messages are formatted from *concrete* views of the arguments (:func:`concrete`): a symbolic
 size is replaced by its hint, so the text raised while tracing with dynamic shapes is the text
 eager mode raises (``got 12``, never ``got s69``).
+
+A row may read tensor values (``reads_values``, e.g. lengths that must lie in a range): it runs
+only in plain eager mode on plain tensors outside CUDA-graph capture (:func:`values_readable`),
+never while tracing, so it costs no graph break and no host sync where those are not allowed.
 """
 
 from __future__ import annotations
@@ -134,12 +138,22 @@ class Check:
         that ``f"{dst.shape[0]=}"`` reads ``dst.shape[0]=12`` as the original message did.
     error:
         Exception type raised when the rule is broken.
+    reads_values:
+        The predicate reads tensor values, not only metadata: a host sync on a GPU tensor, and
+        impossible on a fake one. Such a row runs only where :func:`values_readable` allows it;
+        elsewhere it is skipped (the op must then cope with any value, e.g. in its kernel).
+    reads_memory:
+        The predicate reads where tensors lie in memory (storage identity, overlapping byte
+        ranges), which the metadata signature of :class:`CachedValidation` does not hold: such a
+        row runs on every call, a cached verdict never covers it.
     """
 
     rule: str
     ok: Predicate
     message: Message
     error: type[Exception] = ValueError
+    reads_values: bool = False
+    reads_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,9 +195,16 @@ class Contract:
         raise KeyError(f"{self.op} has no rule {rule!r}; rules: {self.rules}")
 
     def validate(self, **args: Any) -> None:
-        """Run every check in order; raise the first failing one's error with its message."""
+        """Run every check in order; raise the first failing one's error with its message.
+        A ``reads_values`` row runs only where :func:`values_readable` allows it."""
+        self.validate_rows(self.checks, args)
+
+    def validate_rows(self, checks: Iterable[Check], args: Mapping[str, Any]) -> None:
+        """:meth:`validate` restricted to ``checks`` (rows of this contract, in its order)."""
         namespace = SimpleNamespace(**args)
-        for c in self.checks:
+        for c in checks:
+            if c.reads_values and not values_readable(args.values()):
+                continue
             ok = c.ok(namespace)
             # A plain True needs no guard and no message closure: the eager fast path.
             # Anything else (False, or a SymBool while tracing) goes through _check_with.
@@ -192,15 +213,105 @@ class Contract:
 
     def broken_rule(self, **args: Any) -> str | None:
         """The rule :meth:`validate` reports for these arguments: the first whose predicate
-        fails, or None. Predicates read metadata only, so the arguments may be real or fake;
-        with symbolic sizes a relation is evaluated on its hints (for tests, not for tracing)."""
+        fails, or None. The arguments may be real or fake (a ``reads_values`` row is skipped
+        where :meth:`validate` skips it); with symbolic sizes a relation is evaluated on its
+        hints (for tests, not for tracing)."""
         namespace = SimpleNamespace(**args)
-        return next((c.rule for c in self.checks if not hint(c.ok(namespace))), None)
+        return next((c.rule for c in self.checks
+                     if not (c.reads_values and not values_readable(args.values()))
+                     and not hint(c.ok(namespace))), None)
 
     def expected_error(self, rule: str, **args: Any) -> tuple[type[Exception], str]:
         """The (type, message) that breaking ``rule`` on these arguments must raise."""
         c = self.check(rule)
         return c.error, _lazy_message(c, args)()
+
+
+def values_readable(values: Iterable[Any]) -> bool:
+    """Whether a check may read the values of the tensors among ``values``: in plain eager
+    mode (not while ``torch.compile``/``torch.export`` trace, under no dispatch or function
+    mode such as ``FakeTensorMode``, no functorch transform), on plain ``torch.Tensor``s only,
+    and not while the current stream captures a CUDA graph (a read of a CUDA tensor would sync
+    the host, which capture forbids; no capture runs before CUDA is initialised)."""
+    if (torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack()
+            or torch._C._len_torch_function_stack()
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    for v in values:
+        if type(v) is not torch.Tensor and isinstance(v, torch.Tensor):
+            return False
+    return not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+
+
+class CachedValidation:
+    """A contract's eager validation with its verdict cached per metadata signature.
+
+    ``validation(*args)`` (the op's arguments in the order of ``names``) does what
+    ``contract.validate(**dict(zip(names, args)))`` does, raising the same error with the same
+    message. The signature of a call holds, for each argument, the class, layout, shape,
+    strides, storage offset, dtype and device of a tensor, or the type and value of anything
+    else (``None`` included). A call whose signature passed before skips the rows that read
+    only metadata, which a change of any of those pieces could break, and still runs every
+    ``reads_values`` and ``reads_memory`` row. A failing call is never cached; nor a call whose
+    signature cannot be computed or hashed (it is validated in full).
+
+    Eager only: the op calls it where it skips the dispatcher (plain tensors, no tracing); the
+    fake and traced paths run :meth:`Contract.validate`.
+    """
+
+    # Cached signatures kept per contract before the cache starts over.
+    MAX_ENTRIES = 1024
+
+    def __init__(self, contract: Contract, names: tuple[str, ...]) -> None:
+        self.contract = contract
+        self.names = names
+        self.per_call = tuple(c for c in contract.checks if c.reads_values or c.reads_memory)
+        self.passed: set = set()
+        self.signature = _signature_function(names)
+        self.namespace = eval(f"lambda {', '.join(names)}: SimpleNamespace("  # noqa: S307
+                              f"{', '.join(f'{n}={n}' for n in names)})",
+                              {"SimpleNamespace": SimpleNamespace})
+
+    def _validate_per_call(self, args: tuple) -> None:
+        """The ``reads_values`` and ``reads_memory`` rows, as :meth:`Contract.validate` runs
+        them (the argument mapping for a message is built only when one fails)."""
+        namespace = self.namespace(*args)
+        for c in self.per_call:
+            if c.reads_values and not values_readable(args):
+                continue
+            ok = c.ok(namespace)
+            if ok is not True:
+                torch._check_with(c.error, ok, _lazy_message(c, dict(zip(self.names, args))))
+
+    def __call__(self, *args: Any) -> None:
+        try:
+            key = self.signature(*args)
+            hit = key in self.passed
+        except Exception:  # e.g. a sparse tensor's strides, an unhashable scalar
+            key, hit = None, False
+        if hit:
+            if self.per_call:
+                self._validate_per_call(args)
+            return
+        self.contract.validate(**dict(zip(self.names, args)))
+        if key is not None:
+            if len(self.passed) >= self.MAX_ENTRIES:
+                self.passed.clear()
+            self.passed.add(key)
+
+
+def _signature_function(names: tuple[str, ...]) -> Callable[..., tuple]:
+    """A function of the arguments ``names`` that returns their metadata signature (see
+    :class:`CachedValidation`), written out argument by argument: one call, no loop."""
+    parts = ", ".join(
+        f"(None if {n} is None else ({n}.__class__, {n}.layout, {n}.shape, {n}.stride(), "
+        f"{n}.storage_offset(), {n}.dtype, {n}.device) if isinstance({n}, Tensor) "
+        f"else ({n}.__class__, {n}))" for n in names)
+    source = f"def signature({', '.join(names)}):\n    return ({parts},)\n"
+    namespace = {"Tensor": torch.Tensor}
+    exec(source, namespace)  # noqa: S102 - the names are the op's own argument names
+    return namespace["signature"]
 
 
 def _lazy_message(c: Check, args: Mapping[str, Any]) -> Callable[[], str]:

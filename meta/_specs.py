@@ -35,6 +35,9 @@ class TensorSpec:
     # Whether a dynamic-shape test may rebuild it with symbolic sizes; a spec whose point is
     # where it lies in its storage (a view, an offset) says False and is always built as is.
     symbolic: ClassVar[bool] = True
+    # Whether :meth:`empty` sets the elements itself (a spec whose values a rule reads); the
+    # values of the others are whatever the builder writes (zeros, for a built call).
+    sets_values: ClassVar[bool] = False
 
     def replace(self, **changes) -> "TensorSpec":
         return dataclasses.replace(self, **changes)

@@ -156,6 +156,10 @@ CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="mamba_state_scatter", chec
                     mutates=("dst",))
 
 
+# The op's arguments, in order.
+ARGUMENTS = ("dst", "src", "dst_indices_raw", "step_indices_raw", "src_indices_raw")
+
+
 def validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None) -> None:
     """Run the contract on real, fake or symbolic tensors; raise the first broken rule."""
     CONTRACT.validate(

@@ -24,9 +24,12 @@ two empty buffers). The original's contiguity check of ``q_scale``/``kv_scale`` 
 it follows the one-element check, and a one-element tensor is always contiguous. The
 out-buffer messages keep the original's ``tuple(...)`` shapes.
 
-Not a rule here: the ``topk_length`` *value* check (``0 <= topk_length <= topk``), which needs
-the tensor's values. It is the op's (``strictops.ops.sparse_mla_prefill``): eager calls check it
-after this contract; under compile or capture the kernel clamps and counts instead.
+The ``topk_length`` *value* rule (``0 <= topk_length <= topk``, ``topk_length_values``) reads
+the tensor's values, a host sync, so it is a ``reads_values`` row: it runs in the original's
+place (right after ``topk_length``'s own checks) in plain eager mode on plain tensors outside
+CUDA-graph capture, and only when no ``topk_length_errors`` counter is passed. Everywhere else
+(``torch.compile``, ``torch.export``, fake tensors, capture, or with a counter) it does not run,
+and the kernel clamps the values and counts the bad ones instead.
 """
 
 from __future__ import annotations
@@ -76,6 +79,15 @@ def _disjoint(x, y) -> "bool | torch.SymBool":
     x_end, y_end = x_start + x.numel() * x.element_size(), y_start + y.numel() * y.element_size()
     return sym_either(sym_either(x_start == x_end, y_start == y_end),
                       sym_either(x_end <= y_start, y_end <= x_start))
+
+
+def _topk_lengths_in_range(a) -> bool:
+    """Every ``topk_length`` value in ``[0, topk]``; not read (True) without ``topk_length`` or
+    with a ``topk_length_errors`` counter, which asks for the device-side count instead."""
+    t = a.topk_length
+    if t is None or a.topk_length_errors is not None:
+        return True
+    return not bool(((t < 0) | (t > a.indices.shape[2])).any())
 
 
 # Rule families: one factory per kind of check the original repeats for several arguments.
@@ -254,6 +266,13 @@ CHECKS = (
     _on_q_device("topk_length"),
     _contiguous("topk_length"),
     Check(
+        "topk_length_values",
+        _topk_lengths_in_range,
+        lambda indices, **_: ("topk_length values must satisfy 0 <= topk_length <= topk "
+                              f"({indices.shape[2]})"),
+        reads_values=True,
+    ),
+    Check(
         "d_v",
         lambda a: a.d_v == D_V,
         lambda d_v, **_: f"sparse_mla_q8kv8_prefill_fwd only supports d_v=512, got {d_v}",
@@ -274,9 +293,11 @@ CHECKS = (
     *_buffer_rules("lse", torch.float32),
     Check(
         "buffers_alias",
-        lambda a: sym_all((_disjoint(a.out, a.max_logits), _disjoint(a.out, a.lse),
-                           _disjoint(a.max_logits, a.lse))),
+        lambda a: (a.max_logits is None and a.lse is None)  # every pair has a None
+        or sym_all((_disjoint(a.out, a.max_logits), _disjoint(a.out, a.lse),
+                    _disjoint(a.max_logits, a.lse))),
         lambda **_: "out, max_logits and lse must not alias each other",
+        reads_memory=True,
     ),
     # Added: the device-side error counter (an argument the original did not have).
     _vector("topk_length_errors", torch.int32, lambda a: 1),
@@ -284,13 +305,20 @@ CHECKS = (
     _on_q_device("topk_length_errors"),
     Check(
         "topk_length_errors_alias",
-        lambda a: sym_all(_disjoint(a.topk_length_errors, getattr(a, b)) for b in BUFFERS),
+        lambda a: a.topk_length_errors is None
+        or sym_all(_disjoint(a.topk_length_errors, getattr(a, b)) for b in BUFFERS),
         lambda **_: "topk_length_errors must not alias out, max_logits or lse",
+        reads_memory=True,
     ),
 )
 
 CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="sparse_mla_prefill", checks=CHECKS,
                     mutates=(*BUFFERS, "topk_length_errors"))
+
+
+# The op's arguments, in order.
+ARGUMENTS = ("q", "kv", "indices", "sm_scale", "q_scale", "kv_scale", "d_v", "attn_sink",
+             "topk_length", "out", "max_logits", "lse", "topk_length_errors")
 
 
 def validate(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=D_V, attn_sink=None,
@@ -325,6 +353,18 @@ class Dims:
     device: str = "cuda:0"
 
 
+@dataclass(frozen=True)
+class FilledSpec(TensorSpec):
+    """A tensor spec that builds with every element ``fill``: eager calls read ``topk_length``'s
+    values, so a valid call gets in-range ones (0) and the value rule's near miss others."""
+
+    fill: int = 0
+    sets_values: ClassVar[bool] = True
+
+    def empty(self) -> torch.Tensor:
+        return super().empty().fill_(self.fill)
+
+
 def valid_spec(d: Dims) -> dict:
     """Keyword arguments of a valid call (tensor specs, Python scalars, None) in the public
     function's argument order."""
@@ -343,7 +383,7 @@ def valid_spec(d: Dims) -> dict:
         "kv_scale": TensorSpec((1,), torch.float32, d.device),
         "d_v": D_V,
         "attn_sink": TensorSpec((d.h_q,), torch.float32, d.device) if d.with_attn_sink else None,
-        "topk_length": TensorSpec((d.s_q,), torch.int32, d.device) if topk_length else None,
+        "topk_length": FilledSpec((d.s_q,), torch.int32, d.device) if topk_length else None,
         **buffers,
         "topk_length_errors": (TensorSpec((1,), torch.int32, d.device) if d.with_errors
                                else None),
@@ -392,7 +432,7 @@ def _present(spec: dict, *names: str) -> dict:
     q = spec["q"]
     s_q, h_q = q.shape[0], q.shape[1]
     valid = {
-        "topk_length": TensorSpec((s_q,), torch.int32, q.device),
+        "topk_length": FilledSpec((s_q,), torch.int32, q.device),
         "attn_sink": TensorSpec((h_q,), torch.float32, q.device),
         "out": TensorSpec((s_q, h_q, D_V), torch.bfloat16, q.device),
         "max_logits": TensorSpec((s_q, h_q), torch.float32, q.device),
@@ -481,6 +521,15 @@ def _overlapping(first: str, second: str):
     return mutate
 
 
+def _lengths_past_topk(spec: dict) -> dict:
+    """Near miss of the value rule: ``topk_length`` (given, if optional) is ``topk + 1`` for
+    every token, and no counter is passed (with one, the values are not read)."""
+    spec = _present(spec, "topk_length")
+    t = spec["topk_length"]
+    bad = FilledSpec(t.shape, t.dtype, t.device, t.stride, fill=spec["indices"].shape[2] + 1)
+    return {**spec, "topk_length": bad, "topk_length_errors": None}
+
+
 def _scale_near_misses(name: str) -> dict:
     return {
         f"{name}_tensor": lambda s: {**s, name: 1.0},
@@ -531,6 +580,7 @@ NEAR_MISSES = {
     "topk_length_shape_dtype": _changed("topk_length", dtype=torch.int64),
     **_device_near_misses("topk_length"),
     "topk_length_contiguous": _strided("topk_length"),
+    "topk_length_values": _lengths_past_topk,  # eager only: a value, not metadata
     "d_v": lambda s: {**s, "d_v": 576},
     "attn_sink_needs_topk_length": lambda s: {**_present(s, "attn_sink"), "topk_length": None},
     "attn_sink_shape_dtype": _grown("attn_sink", dim=0),

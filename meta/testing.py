@@ -21,6 +21,9 @@ HAS_TWO_GPUS = HAS_CUDA and torch.cuda.device_count() >= 2
 CAN_NAME_SECOND_GPU = not HAS_CUDA or HAS_TWO_GPUS
 # The sparse MLA rules whose near miss puts a tensor on a second GPU.
 SPARSE_MLA_SECOND_GPU_RULES = frozenset(r for r in smp.CONTRACT.rules if r.endswith("_device"))
+# The sparse MLA rules that read tensor values: they run on real tensors in eager mode only,
+# never on fake ones, so a fake or traced near miss of them raises nothing.
+SPARSE_MLA_VALUE_RULES = frozenset(c.rule for c in smp.CONTRACT.checks if c.reads_values)
 
 
 def gpu(fn):
@@ -152,6 +155,7 @@ __all__ = [
     "HAS_CUDA",
     "HAS_TWO_GPUS",
     "SPARSE_MLA_SECOND_GPU_RULES",
+    "SPARSE_MLA_VALUE_RULES",
     "aot_forward_graph",
     "aot_op_graph",
     "assert_every_rule_pinned",

@@ -229,6 +229,10 @@ SOURCE = _subset(tuple(r for r in CONTRACT.rules
                        if r not in LAYOUT.rules and not r.startswith(("lease_", "state_"))))
 
 
+# The op's arguments, in order (``name`` only names the transport in messages).
+ARGUMENTS = ("pool", "src", "lease", "state", "max_inflight_slices", "consumer_count", "name")
+
+
 def validate(pool, src, lease, state, max_inflight_slices, consumer_count,
              name: str = OP_NAME) -> None:
     """Run the contract on real, fake or symbolic tensors; raise the first broken rule."""

@@ -11,13 +11,9 @@ from .conv_window_scatter import fused_conv_window_scatter_with_mask
 from .conv_window_scatter_multi import fused_conv_window_scatter_multi
 from .mamba_state_scatter import fused_mamba_state_scatter_with_mask
 from .sparse_mla_prefill import sparse_mla_q8kv8_prefill_fwd
-from . import transport_pool
-from .transport_pool import (
-    Lease,
-    TransportConsumer,
-    TransportPool,
-    copy_and_publish,
-)
+from . import transport_pool, transport_runtime
+from .transport_pool import Lease, copy_and_publish
+from .transport_runtime import TransportConsumer, TransportPool
 
 # One entry per op: qualified op name -> the module holding its kernel, public function and
 # plain-PyTorch reference (``reference``) and interpreter launcher (``launch_interpreted``).

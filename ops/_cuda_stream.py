@@ -12,9 +12,13 @@ import functools
 
 import torch
 
-# CUstreamWaitValue_flags: CU_STREAM_WAIT_VALUE_EQ. The driver's default (0) is a cyclic
-# greater-or-equal, which would let a consumer that waits for an old generation through once the
-# slot has moved on, onto a newer lease's bytes.
+# CUstreamWaitValue_flags. CU_STREAM_WAIT_VALUE_GEQ, the driver's default, is a cyclic
+# greater-or-equal: (int32)(*addr - value) >= 0. A consumer waits for its lease's generation with
+# it, so that a watchdog can release the wait by writing an abort word that every generation is
+# cyclically below (strictops.ops.transport_runtime); the consumer refuses on the host a lease
+# older than one it acknowledged, which GEQ alone would let through onto a newer lease's bytes.
+# CU_STREAM_WAIT_VALUE_EQ: the producer's own waits (cancel_lease), which nothing aborts.
+WAIT_VALUE_GEQ = 0x0
 WAIT_VALUE_EQ = 0x1
 # CUstreamWriteValue_flags: CU_STREAM_WRITE_VALUE_DEFAULT (the write waits for prior work).
 WRITE_VALUE_DEFAULT = 0x0
@@ -39,10 +43,12 @@ def _check(result: tuple, call: str) -> None:
         raise RuntimeError(f"{call} failed: {err.name} ({text.decode() if text else '?'})")
 
 
-def wait_value32(stream: torch.cuda.Stream, address: int, value: int) -> None:
-    """Block ``stream`` (not the host) until the int32 at device ``address`` equals ``value``."""
+def wait_value32(stream: torch.cuda.Stream, address: int, value: int,
+                 flags: int = WAIT_VALUE_EQ) -> None:
+    """Block ``stream`` (not the host) until the int32 at device ``address`` equals ``value``
+    (``WAIT_VALUE_EQ``) or is cyclically at least ``value`` (``WAIT_VALUE_GEQ``)."""
     with torch.cuda.device(stream.device):
-        _check(_driver().cuStreamWaitValue32(stream.cuda_stream, address, value, WAIT_VALUE_EQ),
+        _check(_driver().cuStreamWaitValue32(stream.cuda_stream, address, value, flags),
                "cuStreamWaitValue32")
 
 

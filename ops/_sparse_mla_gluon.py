@@ -45,12 +45,23 @@ and ``x_bar``/``p_bar`` (count 2) for the consumers' exchanges of row maxima and
 Registers are moved from the producer to the consumers with ``setmaxnreg``
 (``CONSUMER_REGS``/``PRODUCER_REGS``).
 
+Also here: the launch as an op of its own (``strictops_kernels::sparse_mla_ws_launch``), which
+traced calls record since Inductor cannot compile a Gluon kernel, and the eager launch through
+the cached launcher (:func:`launch_eager`).
+
 Gluon's API changes between Triton releases; this module is written against Triton 3.6 (the
 version CI pins and the GPU machine has). ``AVAILABLE`` is False where the import fails, and
 the op then keeps to its Triton kernel.
 """
 
 from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._dispatch import on_device_of
+from ._launcher import Launcher
 
 try:
     from triton.experimental import gluon
@@ -66,7 +77,7 @@ try:
 except ImportError:  # a Triton without Gluon's Hopper API: the Triton kernel is used instead
     AVAILABLE = False
 
-__all__ = ["AVAILABLE", "TUNING", "constexprs", "launch"]
+__all__ = ["AVAILABLE", "TUNING", "constexprs", "launch", "launch_eager"]
 
 # 64 heads a CTA, 64 gathered rows a step, 512 latent (V) columns; each consumer owns 256.
 BLOCK_H = 64
@@ -243,8 +254,11 @@ if AVAILABLE:
         weight = gl.where(seen, kv_scale / l_safe, 0.0)
         heads = head0 + gl.arange(0, _BLOCK_H, row_layout)
         if HAS_ATTN_SINK:
-            # exp(lse) / (exp(lse) + exp(sink)), written so that lse = +inf gives 1.
-            weight = weight / (1.0 + gl.exp(gl.load(attn_sink_ptr + heads) - lse))
+            # exp(lse) / (exp(lse) + exp(sink)) as 1 / (1 + exp(sink - lse)), which cannot
+            # give inf / inf. An empty row's weight is 0 already; its lse (+inf) is not
+            # subtracted, since for sink = +inf that is inf - inf = NaN.
+            sink = gl.load(attn_sink_ptr + heads)
+            weight = weight / (1.0 + gl.exp(sink - gl.where(seen, lse, 0.0)))
         row_of_head = token * h_q + heads
         if half == 0:
             gl.store(max_logits_ptr + row_of_head, m_i)
@@ -410,3 +424,57 @@ def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, 
                      topk_length_errors is not None, **tuning),
         num_warps=4, maxnreg=(TUNING | tuning)["max_regs"],
     )
+
+
+# The eager launches, prepared once per specialisation (see strictops.ops._launcher).
+_LAUNCHER = Launcher(sparse_mla_ws_kernel) if AVAILABLE else None
+
+
+def launch_eager(grid, runtime_args, d_qk, has_topk_length, has_attn_sink, has_errors, device):
+    """:func:`launch` with the default tuning through the cached launcher: ``runtime_args``
+    are the kernel's first 15 parameters (those of :func:`launch`'s call, in order)."""
+    t = TUNING
+    _LAUNCHER(grid, (*runtime_args, d_qk, has_topk_length, has_attn_sink, has_errors,
+                     t["num_stages"], t["consumer_regs"], t["producer_regs"], t["lag"]),
+              (("num_warps", 4), ("maxnreg", t["max_regs"])), device)
+
+
+def launch_on_device(q, *args):
+    """:func:`launch` on ``q``'s device (made current for the launch if it is not)."""
+    with on_device_of(q):
+        return launch(q, *args)
+
+
+@torch.library.custom_op("strictops_kernels::sparse_mla_ws_launch",
+                         mutates_args=("out", "max_logits", "lse", "topk_length_errors"))
+def _ws_launch(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    q_scale: torch.Tensor,
+    kv_scale: torch.Tensor,
+    attn_sink: Optional[torch.Tensor],
+    topk_length: Optional[torch.Tensor],
+    out: torch.Tensor,
+    max_logits: torch.Tensor,
+    lse: torch.Tensor,
+    topk_length_errors: Optional[torch.Tensor],
+) -> None:
+    """The Gluon kernel's launch as an op of its own, for traced calls of
+    ``strictops::sparse_mla_q8kv8_prefill_fwd`` only.
+
+    Inductor compiles ``wrap_triton`` launches of ``@triton.jit`` kernels, not Gluon ones, so
+    a traced call of the public op records this op instead: the contract has already run in
+    the public op's body (this op is never called on unvalidated arguments), and the outputs
+    are already allocated, so its fake has nothing to check or allocate. Eager calls launch
+    directly.
+    """
+    launch_on_device(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
+                     max_logits, lse, topk_length_errors)
+
+
+@_ws_launch.register_fake
+def _(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out, max_logits,
+      lse, topk_length_errors) -> None:
+    return None

@@ -33,9 +33,11 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import mamba_state_scatter as contract
+from strictops.meta._contract import CachedValidation
 
 from ._dispatch import can_skip_dispatcher, on_device_of
 from ._interpret import interpreted
+from ._launcher import Launcher, keyword_constexprs
 
 # The public function. ``reference``, ``unfused_torch``, ``launch_interpreted`` and
 # ``example_inputs`` are for tests, benchmarks and the self-check: importable by name, not
@@ -127,9 +129,9 @@ TUNING = {"block_bytes": 4096, "num_warps": 4}
 SCAN = 128
 
 
-def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-            block_bytes=TUNING["block_bytes"], num_warps=TUNING["num_warps"]):
-    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs.
+def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
+               block_bytes=TUNING["block_bytes"]):
+    """The grid and every kernel parameter, in signature order, of a call on validated inputs.
 
     On the eager hot path, so it reads each piece of metadata once and avoids helpers with
     per-call overhead (``triton.cdiv`` costs more than the rest of this function together).
@@ -141,14 +143,22 @@ def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw
     n_requests = step_indices_raw.shape[0]
     src_idx = step_indices_raw if src_indices_raw is None else src_indices_raw
     grid = (n_requests * chunks_per_entry, shape[0], 1)
-    kernel[grid](
+    return grid, (
         dst, src, dst_indices_raw, step_indices_raw, src_idx,
         n_requests, shape[1], src.shape[1], src.shape[2], entry_numel,
         dst_strides[0], dst_strides[1],
         dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
-        HAS_SRC_INDICES=src_indices_raw is not None, BLOCK=block, SCAN=SCAN,
-        num_warps=num_warps,
+        src_indices_raw is not None, block, SCAN,
     )
+
+
+def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
+            block_bytes=TUNING["block_bytes"], num_warps=TUNING["num_warps"]):
+    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
+    grid, args = _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
+                            block_bytes)
+    runtime, constexprs = keyword_constexprs(_scatter_kernel, args)
+    kernel[grid](*runtime, **constexprs, num_warps=num_warps)
 
 
 def _forward(kernel, real_launch, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
@@ -156,6 +166,19 @@ def _forward(kernel, real_launch, dst, src, dst_indices_raw, step_indices_raw, s
     contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
     with on_device_of(dst, real_launch):
         _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+
+
+# The eager path: the contract's verdict cached per metadata signature, the kernel launched
+# through its cached launcher (strictops.ops._launcher); the same rules and the same launch.
+_VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
+_LAUNCHER = Launcher(_scatter_kernel)
+_OPTIONS = (("num_warps", TUNING["num_warps"]),)
+
+
+def _eager(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
+    _VALIDATION(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    grid, args = _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    _LAUNCHER(grid, args, _OPTIONS, dst.get_device())
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -208,8 +231,7 @@ def fused_mamba_state_scatter_with_mask(
     ``torch.ops.strictops.fused_mamba_state_scatter_with_mask`` is the same op through it.
     """
     if can_skip_dispatcher(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
-        _forward(_scatter_kernel, True, dst, src, dst_indices_raw, step_indices_raw,
-                 src_indices_raw)
+        _eager(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
         torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!) args
         return
     torch.ops.strictops.fused_mamba_state_scatter_with_mask(

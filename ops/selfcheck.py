@@ -13,7 +13,8 @@ For every registered op (:data:`strictops.ops.OP_MODULES`) it shows three things
    miss (a valid call that breaks exactly that rule) raises that rule's error with its message
    verbatim on fake tensors with concrete and with symbolic sizes, and fails while tracing
    with that error in the chain (:func:`strictops.meta._calls.failures`, which the tests use
-   too).
+   too). A rule that reads tensor values (``reads_values``) runs on real tensors in eager mode
+   only: its near miss must pass on fake tensors and trace as one graph.
 
 It prints one table row per check and a summary line, and returns 0 when every check passes,
 1 otherwise.
@@ -134,14 +135,18 @@ def check_trace(op: str, module, spec: dict) -> Row:
 
 def check_rule(op: str, module, spec: dict, rule: str) -> Row:
     """The rule's near miss raises the rule's error, message verbatim: eager and symbolic on
-    fake tensors, and while tracing."""
+    fake tensors, and while tracing. A rule that reads tensor values is eager only (real
+    tensors): its near miss must pass on fake tensors and trace as one graph instead."""
     call = _call(op, module, spec).near_miss(rule)
     if not buildable_here(call.spec):
         return Row(op, "bad call", True, f"{rule}: needs a second GPU on this machine",
                    skipped=True)
+    problems = failures(_public_function(op, module), call)
+    if call.eager_only:
+        detail = f"{rule}: reads values, eager only; none read on fake tensors or traced"
+        return _failed(op, "bad call", detail, problems)
     with fake_mode():
         _, message = call.expected_error(*call.build())
-    problems = failures(_public_function(op, module), call)
     return _failed(op, "bad call", f"{rule}: {_preview(message)}", problems)
 
 

@@ -17,9 +17,9 @@ some buffers and not others.
 Two kernels (``KERNEL``, ``warp_specialized``): on an sm_90 GPU the warp-specialised Gluon
 kernel of ``strictops.ops._sparse_mla_gluon`` (on the H200, 408 TFLOPS at
 ``(s_q, s_kv, h_q, d_qk, topk) = (4096, 8192, 128, 576, 2048)``, against 261 for the Triton
-kernel here; docs/design/sparse_mla_prefill.md), everywhere else the Triton kernel below (other GPUs,
-the Triton interpreter, tracing without a GPU). Inductor cannot compile a Gluon kernel from a
-``wrap_triton`` launch, so a traced call of the Gluon path records an opaque op,
+kernel here; docs/design/sparse_mla_prefill.md), everywhere else the Triton kernel below
+(other GPUs, the Triton interpreter, tracing without a GPU). Inductor cannot compile a Gluon
+kernel from a ``wrap_triton`` launch, so a traced call of the Gluon path records an opaque op,
 ``strictops_kernels::sparse_mla_ws_launch``, after the contract has run in this op's body;
 an eager call launches it directly. The choice is a trace-time constant of the device, never
 of a size.
@@ -33,15 +33,17 @@ s_kv``, and ``j < topk_length[t]`` when given)::
     out        = sum_j softmax(s)_j * kv_scale * kv[idx_j, 0, :d_v]
     out       *= exp(lse) / (exp(lse) + exp(attn_sink[h]))       (with attn_sink)
 
-A row with no valid index gives ``out = 0``, ``max_logits = -inf``, ``lse = +inf``. Invalid
-indices and rows past ``topk_length`` are never read.
+A row with no valid index gives ``out = 0`` (whatever ``attn_sink``, ``+inf`` included),
+``max_logits = -inf``, ``lse = +inf``. A sink of ``+inf`` gives ``out = 0``, one of ``-inf``
+the output without a sink. Invalid indices and rows past ``topk_length`` are never read.
 
-``topk_length`` values outside ``[0, topk]`` (a value check, not a contract rule): the kernel
-clamps them to that range, so any value is memory-safe. Besides, an eager call outside
-``torch.compile`` and CUDA-graph capture reads them (one host sync) and raises the original
-``ValueError``; a caller that passes ``topk_length_errors`` (``[1]`` int32 on ``q``'s device)
-instead gets, with no host sync in any mode, the number of tokens whose value was out of range
-added to it on the device, to read whenever convenient.
+``topk_length`` values outside ``[0, topk]``: the kernel clamps them to that range, so any
+value is memory-safe. Besides, an eager call outside ``torch.compile`` and CUDA-graph capture
+reads them (one host sync) and raises the original ``ValueError``, in the original's order
+(the contract's ``topk_length_values`` rule, right after ``topk_length``'s own); a caller that
+passes ``topk_length_errors`` (``[1]`` int32 on ``q``'s device) instead gets, with no host sync
+in any mode, the number of tokens whose value was out of range added to it on the device, to
+read whenever convenient.
 """
 
 from __future__ import annotations
@@ -55,16 +57,18 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import sparse_mla_prefill as contract
+from strictops.meta._contract import CachedValidation
 from strictops.meta._specs import TensorSpec
 
 from . import _sparse_mla_gluon
 from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
 from ._interpret import interpreted
+from ._launcher import Launcher
 
-# The public function. The value check, the reference and the helpers of tests, benchmarks and
-# the self-check (``check_topk_length_values``, ``reference``, ``relative_l2``,
-# ``compare_to_reference``, ``launch_interpreted``, ``random_inputs``, ``example_inputs``,
-# ``selfcheck_result``) are importable by name, not exported.
+# The public function. The reference and the helpers of tests, benchmarks and the self-check
+# (``reference``, ``relative_l2``, ``compare_to_reference``, ``launch_interpreted``,
+# ``random_inputs``, ``example_inputs``, ``selfcheck_result``) are importable by name, not
+# exported.
 __all__ = ["sparse_mla_q8kv8_prefill_fwd"]
 
 
@@ -173,9 +177,11 @@ def _sparse_mla_prefill_kernel(
     lse = tl.where(seen, m_i + tl.log(l_safe), float("inf"))
     weight = tl.where(seen, kv_scale / l_safe, 0.0)
     if HAS_ATTN_SINK:
-        # exp(lse) / (exp(lse) + exp(sink)), written so that lse = +inf gives 1, not inf/inf.
+        # exp(lse) / (exp(lse) + exp(sink)) as 1 / (1 + exp(sink - lse)), which cannot give
+        # inf / inf. An empty row's weight is 0 already; its lse (+inf) is not subtracted,
+        # since for sink = +inf that is inf - inf = NaN (0 / (1 + exp(sink)) is 0 for any sink).
         sink = tl.load(attn_sink_ptr + heads)
-        weight = weight / (1.0 + tl.exp(sink - lse))
+        weight = weight / (1.0 + tl.exp(sink - tl.where(seen, lse, 0.0)))
     out = acc * weight[:, None]
     tl.store(out_ptr + row_of_head[:, None] * D_V + cols[None, :], out.to(tl.bfloat16))
     tl.store(max_logits_ptr + row_of_head, m_i)
@@ -190,18 +196,25 @@ TUNING = {"num_warps": 8, "num_stages": 2, "block_n": 64}
 KERNEL = "auto"
 
 
+def _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length,
+                       out, max_logits, lse, topk_length_errors):
+    """The grid and the 15 runtime parameters (those both kernels take first, in order)."""
+    s_q, h_q, d_qk = q.shape
+    return (s_q * (h_q // contract.HEAD_BLOCK), 1, 1), (
+        q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
+        out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2])
+
+
 def _launch(kernel, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length,
             out, max_logits, lse, topk_length_errors, num_warps=TUNING["num_warps"],
             num_stages=TUNING["num_stages"], block_n=TUNING["block_n"]):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs;
     return what the launch returns (for a JIT kernel, the compiled kernel: the benchmark
     reads its registers, spills and instructions)."""
-    s_q, h_q, d_qk = q.shape
-    return kernel[(s_q * (h_q // contract.HEAD_BLOCK), 1, 1)](
-        q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
-        out, max_logits, lse,
-        sm_scale, kv.shape[0], h_q, indices.shape[2],
-        D_QK=d_qk, HAS_TOPK_LENGTH=topk_length is not None,
+    grid, runtime = _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
+                                       topk_length, out, max_logits, lse, topk_length_errors)
+    return kernel[grid](
+        *runtime, D_QK=q.shape[2], HAS_TOPK_LENGTH=topk_length is not None,
         HAS_ATTN_SINK=attn_sink is not None, HAS_ERRORS=topk_length_errors is not None,
         BLOCK_H=contract.HEAD_BLOCK, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
     )
@@ -223,35 +236,15 @@ def _allocate(q, d_v, out, max_logits, lse):
     return out, max_logits, lse, fresh
 
 
-def check_topk_length_values(topk_length, topk, topk_length_errors=None) -> None:
-    """The eager ``topk_length`` value check: raise the original ``ValueError`` if a value lies
-    outside ``[0, topk]``.
-
-    It reads the values (a host sync), so it runs only where that is allowed and wanted: plain
-    eager mode on plain tensors (not while ``torch.compile``/``torch.export`` trace, not under
-    fake or other dispatch modes), outside CUDA-graph capture, and only when the caller passed
-    no ``topk_length_errors`` counter (which asks for the device-side count instead).
-    Everywhere else it returns at once; the kernel clamps the values either way. (A graph
-    compiled with ``backend="eager"`` keeps the op as a call, which then runs as in eager
-    mode; Inductor and AOT backends trace the op's body, so no check is left at run time.)
-    """
-    if topk_length is None or topk_length_errors is not None or not can_skip_dispatcher(
-            topk_length):
-        return
-    if topk_length.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    if bool(((topk_length < 0) | (topk_length > topk)).any()):
-        raise ValueError(f"topk_length values must satisfy 0 <= topk_length <= topk ({topk})")
-
-
-def warp_specialized(q: torch.Tensor) -> bool:
+def warp_specialized(q: torch.Tensor, real: bool = False) -> bool:
     """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see
-    ``KERNEL``): a trace-time constant of the device, never of a size."""
+    ``KERNEL``): a trace-time constant of the device, never of a size. ``real``: ``q`` is a
+    real CUDA tensor (the eager path), so a GPU is there to ask."""
     if KERNEL == "triton" or not _sparse_mla_gluon.AVAILABLE:
         return False
     if KERNEL == "gluon":  # also on fake CUDA tensors without a GPU: CI traces this path
         return True
-    return torch.cuda.is_available() and _is_sm90(q.get_device())
+    return (real or torch.cuda.is_available()) and _is_sm90(q.get_device())
 
 
 def _is_sm90(device_index: int) -> bool:
@@ -259,52 +252,12 @@ def _is_sm90(device_index: int) -> bool:
     return device_capability(device_index) == (9, 0)
 
 
-def _launch_warp_specialized(q, *args):
-    with on_device_of(q):
-        return _sparse_mla_gluon.launch(q, *args)
-
-
-@torch.library.custom_op("strictops_kernels::sparse_mla_ws_launch",
-                         mutates_args=("out", "max_logits", "lse", "topk_length_errors"))
-def _ws_launch(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sm_scale: float,
-    q_scale: torch.Tensor,
-    kv_scale: torch.Tensor,
-    attn_sink: Optional[torch.Tensor],
-    topk_length: Optional[torch.Tensor],
-    out: torch.Tensor,
-    max_logits: torch.Tensor,
-    lse: torch.Tensor,
-    topk_length_errors: Optional[torch.Tensor],
-) -> None:
-    """The Gluon kernel's launch as an op of its own, for traced calls only.
-
-    Inductor compiles ``wrap_triton`` launches of ``@triton.jit`` kernels, not Gluon ones, so
-    a traced call of the public op records this op instead: the contract has already run in
-    the public op's body (this op is never called on unvalidated arguments), and the outputs
-    are already allocated, so its fake has nothing to check or allocate. Eager calls launch
-    directly.
-    """
-    _launch_warp_specialized(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
-                             topk_length, out, max_logits, lse, topk_length_errors)
-
-
-@_ws_launch.register_fake
-def _(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out, max_logits,
-      lse, topk_length_errors) -> None:
-    return None
-
-
 def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
              topk_length, out, max_logits, lse, topk_length_errors) -> list[torch.Tensor]:
-    """Validate, check values (eager only), allocate what is missing, launch; return the
-    outputs allocated here."""
+    """Validate (the ``topk_length`` values too, where the contract may read them), allocate
+    what is missing, launch; return the outputs allocated here."""
     contract.validate(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length,
                       out, max_logits, lse, topk_length_errors)
-    check_topk_length_values(topk_length, indices.shape[2], topk_length_errors)
     out, max_logits, lse, fresh = _allocate(q, d_v, out, max_logits, lse)
     launch_args = (q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
                    max_logits, lse, topk_length_errors)
@@ -312,10 +265,41 @@ def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d
         with on_device_of(q, real_launch):
             _launch(kernel, *launch_args)
     elif real_launch:
-        _launch_warp_specialized(*launch_args)
+        _sparse_mla_gluon.launch_on_device(*launch_args)
     else:
         torch.ops.strictops_kernels.sparse_mla_ws_launch(*launch_args)
     return fresh
+
+
+# The eager path: the contract's verdict cached per metadata signature, the kernels launched
+# through their cached launchers (strictops.ops._launcher); the same rules and launches.
+_VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
+_LAUNCHER = Launcher(_sparse_mla_prefill_kernel)
+
+
+def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out,
+           max_logits, lse, topk_length_errors) -> tuple:
+    """:func:`_forward` of a real launch in plain eager mode; returns ``(out, max_logits,
+    lse)``. Missing ``max_logits`` and ``lse`` are the halves of one ``[2, s_q, h_q]``
+    allocation."""
+    _VALIDATION(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out,
+                max_logits, lse, topk_length_errors)
+    s_q, h_q, d_qk = q.shape
+    if max_logits is None and lse is None:
+        max_logits, lse = torch.empty((2, s_q, h_q), dtype=torch.float32,
+                                      device=q.device).unbind(0)
+    out, max_logits, lse, _ = _allocate(q, d_v, out, max_logits, lse)
+    grid, runtime = _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
+                                       topk_length, out, max_logits, lse, topk_length_errors)
+    flags = (topk_length is not None, attn_sink is not None, topk_length_errors is not None)
+    device = q.get_device()
+    if warp_specialized(q, real=True):
+        _sparse_mla_gluon.launch_eager(grid, runtime, d_qk, *flags, device)
+    else:
+        t = TUNING
+        _LAUNCHER(grid, (*runtime, d_qk, *flags, contract.HEAD_BLOCK, t["block_n"]),
+                  (("num_warps", t["num_warps"]), ("num_stages", t["num_stages"])), device)
+    return out, max_logits, lse
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -399,8 +383,9 @@ def sparse_mla_q8kv8_prefill_fwd(
         ``j``: ``s_j = sm_scale * q_scale * kv_scale * q[t, h] · kv[idx_j, 0]``,
         ``max_logits = max_j s_j``, ``lse = log Σ_j exp(s_j)``,
         ``out = Σ_j softmax(s)_j kv_scale kv[idx_j, 0, :d_v]``, times
-        ``exp(lse) / (exp(lse) + exp(attn_sink[h]))`` with a sink. A row with no valid index
-        gives ``out = 0``, ``max_logits = -inf``, ``lse = +inf``.
+        ``exp(lse) / (exp(lse) + exp(attn_sink[h]))`` with a sink (0 for a sink of ``+inf``).
+        A row with no valid index gives ``out = 0`` whatever the sink, ``max_logits = -inf``,
+        ``lse = +inf``.
 
     Notes
     -----
@@ -409,13 +394,16 @@ def sparse_mla_q8kv8_prefill_fwd(
 
     ``topk_length`` values outside ``[0, topk]`` are clamped into it by the kernel. In plain
     eager mode outside CUDA-graph capture the call also reads them first (a host sync) and
-    raises ``ValueError("topk_length values must satisfy 0 <= topk_length <= topk (...)")``,
-    as the original did. To learn about bad values without a host sync, in any mode, pass
-    ``topk_length_errors`` (e.g. ``torch.zeros(1, dtype=torch.int32, device=q.device)``, kept
-    across calls): the eager check is then skipped, and the count accumulates on the device
-    until the caller reads (``.item()``, off the hot path) or zeroes it.
+    raises ``ValueError("topk_length values must satisfy 0 <= topk_length <= topk (...)")``
+    where the original did: after ``topk_length``'s own checks, before those of ``d_v``,
+    ``attn_sink``, the scales and the buffers. To learn about bad values without a host sync,
+    in any mode, pass ``topk_length_errors`` (e.g. ``torch.zeros(1, dtype=torch.int32,
+    device=q.device)``, kept across calls): the eager check is then skipped, and the count
+    accumulates on the device until the caller reads (``.item()``, off the hot path) or zeroes
+    it.
 
-    In plain eager mode the call skips the dispatcher (see ``strictops.ops._dispatch``);
+    In plain eager mode the call skips the dispatcher (see ``strictops.ops._dispatch``), and
+    a ``max_logits`` and ``lse`` it allocates are the two halves of one allocation;
     ``torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd`` is the same op through it and returns
     the list of outputs it allocated.
     """
@@ -427,13 +415,12 @@ def sparse_mla_q8kv8_prefill_fwd(
             max_logits, lse, topk_length_errors)
     written = (out, max_logits, lse, topk_length_errors)
     if can_skip_dispatcher(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, *written):
-        fresh = _forward(_sparse_mla_prefill_kernel, True, *args)
+        outputs = _eager(*args)
         for t in written:
             if t is not None:  # what the dispatcher does for the a(!) arguments
                 torch.autograd.graph.increment_version(t)
-    else:
-        fresh = torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(*args)
-    fresh = iter(fresh)
+        return outputs
+    fresh = iter(torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(*args))
     return tuple([next(fresh) if t is None else t for t in (out, max_logits, lse)])
 
 
@@ -476,6 +463,11 @@ def reference(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=contract.D_V, att
         out        = Σ_j exp(s_j - lse) K[idx[t, j], :d_v]                 (0 when empty)
         out       *= sigmoid(lse - attn_sink[h])      (= exp(lse) / (exp(lse) + exp(sink)))
 
+    With ``attn_sink[h] = +inf`` the sink takes all the weight: ``out = 0``. With ``-inf`` it
+    takes none: ``out`` is as without a sink. An empty token (``J_t`` empty) has ``out = 0``
+    whatever the sink, ``+inf`` included (where ``lse - sink`` would be NaN); ``max_logits``
+    and ``lse`` never depend on the sink. No output is NaN for any sink in ``[-inf, +inf]``.
+
     Tokens are processed in chunks so that the gathered rows stay near
     ``REFERENCE_GATHER_BYTES``.
     """
@@ -510,7 +502,9 @@ def reference(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=contract.D_V, att
         out[t] = torch.einsum("thj,tjd->thd", torch.exp(s - row_lse[..., None]),
                               rows[..., :d_v])
     if attn_sink is not None:
-        out *= torch.sigmoid(lse - attn_sink.to(dtype)[None, :])[..., None]
+        gate = torch.sigmoid(lse - attn_sink.to(dtype)[None, :])
+        # An empty token's out is 0 already; its gate is NaN for sink = +inf (inf - inf).
+        out *= torch.where(valid.any(dim=-1)[:, None], gate, 0.0)[..., None]
     return out, max_logits, lse
 
 

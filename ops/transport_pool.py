@@ -1,13 +1,10 @@
-"""Stream-ordered GPU transport pool (SPEC §3): copy-and-publish op, pool runtime, consumers.
+"""``strictops::copy_and_publish``: the transport pool's copy-and-publish op.
 
 A producer copies a tensor into a leased range of one preallocated CUDA byte pool and then
-publishes it by writing the lease's generation into the lease's ready word; consumer processes,
-attached to the same pool over CUDA IPC, wait for that word in stream order, read the bytes and
-write the generation into their own ack word; a range is free again once every consumer has
-acknowledged. The layout and the lease format are in :mod:`strictops.meta.transport_pool`.
+publishes it by writing the lease's generation into the lease's ready word; consumers wait for
+that word in stream order (:mod:`strictops.ops.transport_runtime`). The layout and the lease
+format are in :mod:`strictops.meta.transport_pool`.
 
-The op: ``strictops::copy_and_publish``
----------------------------------------
 One Triton launch copies ``lease.nbytes`` bytes of ``src`` to ``pool[lease.start:]`` and then
 writes ``lease.generation`` into ``pool``'s int32 word at ``lease.ready_byte_offset``. Every byte
 is visible before the flag, across programs, by a last-arrival counter: each program copies its
@@ -21,13 +18,11 @@ grid-wide barrier (bar.sync, then one thread's fenced atomic). The counter is pe
 tensor: two publishes that may run concurrently need two ``state`` tensors (the pool keeps one
 per slot).
 
-GPU scope is enough because every observer of the flag is on the pool's GPU (SPEC: consumer
-processes on the same GPU): a consumer's ``cuStreamWaitValue32`` waits on that GPU for the word
-in that GPU's memory, and the kernels it releases read the bytes on that GPU, through the same
-L2 the release orders them in. System scope, which also orders the bytes for the host and for
-peer GPUs, costs more at the release (6.69 us against 7.04 us graph replay at 64 KiB on the
-H200, ``benchmarks/results/2026-11-30-session4/``) and orders them for no one who reads them.
-A reader on another device or on the host would need ``scope="sys"`` back.
+GPU scope is enough when every observer of the flag is on the pool's GPU: a consumer's
+``cuStreamWaitValue32`` waits on that GPU for the word in that GPU's memory, and the kernels it
+releases read the bytes on that GPU, through the same L2 the release orders them in. A reader
+on another device or on the host needs system scope (which costs more at the release:
+``docs/design/transport_pool.md``).
 
 Above 1 MiB the same kernel runs as two launches instead: the copy of every whole block, with
 no counter and no mask, then one program that copies the partial last block (if any) and
@@ -35,13 +30,11 @@ writes the flag (GPU-scope release after a CTA barrier, as above); the stream or
 kernel before it. On sm_90+ that program is a programmatic dependent launch: it is resident
 before the copy ends, copies the partial block, and waits (``griddepcontrol.wait``) for the
 copy grid to complete and its memory to be visible, the guarantee stream order gives, before
-it writes the flag; so only 1.0 us of a 256 MiB publish is not the copy (2.4 us with a plain
-second launch, 2.1-2.3 us for ``cuStreamWriteValue32`` after ``copy_``). One launch saves the
-second launch, most of a small publish; but every program of one launch adds an atomic on one
-counter word, which at large sizes costs more than the second launch (``TUNING``). Keeping the
-masked partial block out of the many-program copy kernel keeps that kernel's registers low
-(``ptxas`` allocates for the union of a kernel's paths), hence many programs per SM and many
-bytes in flight.
+it writes the flag. One launch saves the second launch, most of a small publish; but every
+program of one launch adds an atomic on one counter word, which at large sizes costs more than
+the second launch (``TUNING``). Keeping the masked partial block out of the many-program copy
+kernel keeps that kernel's registers low (``ptxas`` allocates for the union of a kernel's
+paths), hence many programs per SM and many bytes in flight.
 
 The lease is read from an int64 CUDA tensor, so one captured CUDA graph publishes into a new
 lease on every replay (write the tensor, replay). Its values are checked on the device against
@@ -54,22 +47,12 @@ Registration: ``torch.library.triton_op``, whose body runs the contract and laun
 ``wrap_triton``: the same body is the fake, so ``torch.compile``/``torch.export`` fail at trace
 time with the eager message, and Inductor sees the Triton launch.
 
-The runtime
------------
-:class:`LeaseAllocator` (pure Python: best-fit 256-byte-aligned ranges, merged when freed, slots
-with generations), :class:`TransportPool` (the producer: pool tensor, ``copy_tensor``, recycler,
-``cancel_lease``, IPC export) and :class:`TransportConsumer` (wait, read, acknowledge). Waits
-and acks use ``cuStreamWaitValue32``/``cuStreamWriteValue32`` (:mod:`._cuda_stream`), imported
-on first use.
+Why each tuning and code-shape choice, with the measurements: ``docs/design/transport_pool.md``.
 """
 
 from __future__ import annotations
 
-import bisect
-import logging
-import threading
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import triton
@@ -92,34 +75,20 @@ from strictops.meta.transport_pool import (
     lease_fits,
 )
 
-from . import _cuda_stream
 from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
 from ._interpret import interpreted
+from ._launcher import Launcher, Pointer, keyword_constexprs
 
-__all__ = [
-    "Lease",
-    "LeaseAllocator",
-    "PoolHandle",
-    "TransportConsumer",
-    "TransportPool",
-    "copy_and_publish",
-    "example_inputs",
-    "launch_interpreted",
-    "new_state",
-    "reference",
-]
-
-logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_INFLIGHT_SLICES = 4096
+# Test helpers (reference, launch_interpreted, example_inputs, selfcheck_result) are importable
+# by name but not part of the public API.
+__all__ = ["Lease", "copy_and_publish", "new_state"]
 
 # The kernel's phases (see _publish_kernel).
 PHASE_BOTH, PHASE_COPY, PHASE_FLAG = 0, 1, 2
 # The constants _publish_kernel defines in its body, by name (a test checks the two agree).
 # They are not globals of the kernel: on every launch Triton compares each global constant a
-# kernel reads with its value at compile time. The 15 this kernel read cost 9.6 us per launch
-# on a CPU here; with them gone, an eager 64 KiB publish took 36 us of host time on the H200
-# machine instead of 89 (benchmarks/results/2026-11-30-session5/).
+# kernel reads with its value at compile time, which costs host time per launch
+# (docs/design/transport_pool.md).
 KERNEL_CONSTANTS = {
     # words of the lease tensor (the fields of Lease, in order) and of the state tensor
     "_START": Lease._fields.index("start"),
@@ -144,8 +113,7 @@ KERNEL_CONSTANTS = {
 def _release_store(ptr, value):
     """``*ptr = value`` by thread 0 of the program, a release store at GPU scope
     (``st.release.gpu``): the ordering of ``tl.atomic_xchg(ptr, value, sem="release")``
-    without its reply, which the program waits for before it can end (0.4 us at the end of a
-    256 MiB publish on the H200, benchmarks/results/2026-11-30-session7/). Inline PTX, so only
+    without its reply, which the program waits for before it can end. Inline PTX, so only
     for a kernel launched for real (``PTX``): the interpreter runs none, and Inductor's
     analysis of a wrapped kernel's mutations takes any non-pure inline asm to write every
     argument."""
@@ -194,14 +162,12 @@ def _publish_kernel(
     ``[nbytes // BLOCK * BLOCK, nbytes)`` itself, masked, and then writes the
     flag, or counts a lease that does not fit. So the many-program copy kernel holds no masked
     path: ``ptxas`` allocates registers for the union of a kernel's paths, and the per-byte
-    masked path with its 64-bit offsets took them from 20 to 108 per thread at 4 KiB and 4
-    warps (sm_90); without it the copy went from 0.78 to 0.94 of the floor at 256 MiB on the
-    H200 (``TUNING``). (The lease is read in the kernel body rather than in a helper function:
-    torch 2.11's mutation analysis counts a pointer passed to a called function as written,
-    and Inductor would then clone the lease tensor.)
+    masked path with its 64-bit offsets would take most of them. (The lease is read in the
+    kernel body rather than in a helper function: torch 2.11's mutation analysis counts a
+    pointer passed to a called function as written, and Inductor would then clone the lease
+    tensor.)
 
-    One block per program and no loop: a grid-stride loop over 1024 programs measured 0.77 of
-    the copy floor at 256 MiB on the H200, one 16 KiB block per program 0.93.
+    One block per program and no loop (a grid-stride loop was slower).
 
     ``PDL`` (sm_90+, two launches): the flag launch is a programmatic dependent launch. Every
     copy program first signals ``griddepcontrol.launch_dependents``, so the flag program is
@@ -238,14 +204,9 @@ def _publish_kernel(
     _COPY: tl.constexpr = 1  # and anything else is the flag phase
 
     # The source block's addresses do not depend on the lease: it is loaded first, so that its
-    # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes). In the copy
-    # phase this did not hold in the sm_90 SASS: ptxas moved a plain load below the lease
-    # checks that guard the store, so each program waited for the lease before it loaded. The
-    # copy phase's load is volatile, which ptxas keeps first: 0.5 us less per 256 MiB copy
-    # launch on the H200 (benchmarks/results/2026-11-30-session7/). Whole
+    # latency and the lease's overlap (the source has src_nbytes >= nbytes bytes). Whole
     # blocks go unmasked: a mask against a runtime bound splits the 16-byte vectors into
-    # single bytes (10x slower, measured). One int64 base per block (sources past 2 GiB) and
-    # int32 offsets within it.
+    # single bytes. One int64 base per block (sources past 2 GiB) and int32 offsets within it.
     block_start = tl.program_id(0).to(tl.int64) * BLOCK
     offs = tl.arange(0, BLOCK)
     if PHASE == _BOTH:
@@ -350,39 +311,9 @@ def _publish_kernel(
 # Bytes and warps per program, one launch (up to ``two_launches_above`` bytes) or two (the copy
 # of whole blocks, then a one-program launch that copies the partial last block and writes the
 # flag, with ``flag_num_warps`` warps, a programmatic dependent launch when ``pdl`` on sm_90+);
-# above ``large_above`` bytes the copy takes the shape of ``large``.
-#
-# Measured (H200, graph replays, benchmarks/results/2026-11-30-session{2,4,5}/): in one launch
-# every program reads the lease and adds one atomic to the arrival counter; at 256 MiB 4 KiB
-# blocks (65536 programs) reached 0.53-0.71 of the floor in one launch, 16 KiB blocks 0.79-0.82.
-# Up to 1 MiB one launch is the faster (graph replay 6.4-6.9 us at 64 KiB with the GPU-scope
-# flag; two launches with PDL 6.7-6.8). Two launches: the copy kernel without a masked path
-# (ptxas, sm_90: 108 -> 20 registers at 4 KiB/4 warps) took 4 KiB blocks from 0.78 to 0.938 of
-# the floor at 256 MiB (session 4). Session 5, 256 MiB, three passes each:
-# * the flag launch as a PDL: 0.935 -> 0.943-0.946 at 4 KiB/4 warps (1.0 us left after the
-#   copy kernel, against 2.4 us for a plain second launch and 2.1-2.3 us for copy_'s
-#   cuStreamWriteValue32);
-# * 4 KiB blocks of 8 warps, one 16-byte vector per thread: 0.950 (4 warps: 0.946); the copy
-#   kernel alone 0.957, copy_ (the copy engine) 0.962. Larger blocks lose (8 KiB/16 warps
-#   0.906, 16 KiB/32 warps 0.857: a program holds its SM slot until its slowest warp is
-#   done), smaller ones are bound by the rate programs start at (2 KiB: 0.77, 1 KiB: 0.39);
-# * cache modifiers and L2 eviction hints: ld.cg +-0.001, st.cs -0.003, st.cg -0.001,
-#   evict_first loads -0.018, evict_last stores -0.007; none kept.
-# Session 6, copy shapes by source size (two launches, PDL flag; 2 to 128 MiB, and the
-# benchmark's 16 MiB in 11 runs over sessions 5-6): up to 16 MiB 16 KiB blocks of 4 warps
-# beat 4 KiB / 8 warps by 2.5-5.5% (16 MiB: 0.53-0.54 of the floor against 0.50-0.52); at
-# 32 MiB they tie; from 64 MiB 4 KiB / 8 warps wins (128 MiB: 70.9 against 74.8 us). A grid
-# of 16 KiB programs (40 registers per thread on sm_90: 12 programs per SM) fits in one wave
-# of the H200's 132 SMs up to about 24 MiB.
-# Also measured in session 6 (256 MiB) and not adopted: TMA bulk copies through shared memory
-# (3.9-4.05 TB/s at 4 GiB, against 4.26 for this kernel's copy and 4.27 for copy_); one launch
-# with the arrivals spread over 64-1024 counters (0.92 of copy_ at best, the op 0.99); the
-# lease read as one 8-word load with where/sum extraction (+9.6 us: the shuffles sit between
-# the source load and the stores). The seven scalar lease loads cost 0.5-0.7 us against the
-# lease as arguments (ptxas issues the source load after them: see the kernel), and the PDL
-# flag 1.2 us; evict_last or .cg hints gain 0.07 us.
-# Speed choices only: under tracing they are taken from the size's hint without a guard, so
-# no size recompiles.
+# above ``large_above`` bytes the copy takes the shape of ``large``. Speed choices only: under
+# tracing they are taken from the size's hint without a guard, so no size recompiles.
+# Measurements behind each value: docs/design/transport_pool.md.
 TUNING = {"one_launch": {"block_bytes": 4096, "num_warps": 4},
           "two_launches": {"block_bytes": 16384, "num_warps": 4, "flag_num_warps": 4,
                            "pdl": True},
@@ -400,7 +331,20 @@ def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count
     launch on an sm_90+ device (:func:`_pdl_launch`). Returns what the launches return
     (compiled kernels, for a probe's ``n_regs``)."""
     src_bytes = src.view(-1).view(torch.uint8)  # a view: the kernel reads any dtype as bytes
-    src_nbytes = src_bytes.shape[0]
+    launched = []
+    for grid, args, options in _launches(kernel, pool, src_bytes, src_bytes.shape[0], lease,
+                                         state, max_inflight_slices, consumer_count, values,
+                                         two_launches, **tuning):
+        runtime, constexprs = keyword_constexprs(_LAUNCHER.fn, args)
+        launched.append(kernel[grid](*runtime, **constexprs, **dict(options)))
+    return launched
+
+
+def _launches(kernel, pool, src_bytes, src_nbytes, lease, state, max_inflight_slices,
+              consumer_count, values, two_launches=None, **tuning) -> list:
+    """The launches of one publish (see :func:`_launch`) as ``(grid, every kernel parameter
+    in signature order, launch options)``; ``src_bytes``: the source as uint8 (a view, or a
+    :class:`~strictops.ops._launcher.Pointer`), ``src_nbytes`` bytes."""
     size = hint(src_nbytes)
     if two_launches is None:
         two_launches = size > TUNING["two_launches_above"]
@@ -418,23 +362,46 @@ def _launch(kernel, pool, src, lease, state, max_inflight_slices, consumer_count
     assert block >= 16 and block & (block - 1) == 0, block  # whole 16-byte vectors per block
     pdl = two_launches and _pdl_launch(kernel, pool, tuning.get("pdl", False))
     lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
-    args = (pool, src_bytes, lease, state, pool.shape[0], src_nbytes,
-            contract.data_start(max_inflight_slices, consumer_count),
-            contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args)
     # Every constexpr, PDL=False included: Inductor's analysis of a wrapped kernel's mutations
-    # takes no default.
-    meta = dict(LEASE_FROM_PTR=values is None, BLOCK=block, PDL=pdl,
-                PTX=kernel is _publish_kernel)
+    # takes no default. PTX: the inline-PTX flag store, for the JIT kernel only.
+    head = (pool, src_bytes, lease, state, pool.shape[0], src_nbytes,
+            contract.data_start(max_inflight_slices, consumer_count),
+            contract.slot_bytes(consumer_count), max_inflight_slices, *lease_args,
+            values is None, block)
+    tail = (pdl, kernel is _publish_kernel)
+    if not two_launches:
+        grid = ((src_nbytes + block - 1) // block,)
+        return [(grid, (*head, PHASE_BOTH, *tail), (("num_warps", tuning["num_warps"]),))]
     # Two launches: the copy's grid covers the whole source blocks only (possibly none), so
     # its programs load unmasked; the flag program copies the rest of the lease.
-    grid = (src_nbytes // block,) if two_launches else ((src_nbytes + block - 1) // block,)
-    phase = PHASE_COPY if two_launches else PHASE_BOTH
-    launched = [kernel[grid](*args, **meta, PHASE=phase, num_warps=tuning["num_warps"])]
-    if two_launches:
-        extra = {"launch_pdl": True} if pdl else {}
-        launched.append(kernel[(1,)](*args, **meta, PHASE=PHASE_FLAG, **extra,
-                                     num_warps=tuning["flag_num_warps"]))
-    return launched
+    flag_options = (("num_warps", tuning["flag_num_warps"]),) + (
+        (("launch_pdl", True),) if pdl else ())
+    return [((src_nbytes // block,), (*head, PHASE_COPY, *tail),
+             (("num_warps", tuning["num_warps"]),)),
+            ((1,), (*head, PHASE_FLAG, *tail), flag_options)]
+
+
+# The eager publish of a lease given on the host (the pool's copy_tensor): the launches of
+# _launch, prepared once per specialisation by the cached launcher (strictops.ops._launcher).
+_LAUNCHER = Launcher(_publish_kernel)
+# Eagerly the host, not the GPU, bounds a publish up to here, and each launch costs it about
+# 13 us on the H200 machine (two launches: 39 us at 2 MiB): one launch up to 16 MiB, where
+# the copy itself takes about 8 us (docs/design/eager_host_cost.md); two above, as graphs.
+EAGER_TWO_LAUNCHES_ABOVE = 16 << 20
+
+
+def launch_eager(pool, src, state, max_inflight_slices, consumer_count, values) -> None:
+    """``_launch(_publish_kernel, pool, src, state, state, ..., values=values)`` through the
+    cached launcher, on ``pool``'s device, in one launch up to ``EAGER_TWO_LAUNCHES_ABOVE``
+    bytes: the source is passed as a uint8 pointer, not a view. For validated CUDA tensors
+    only."""
+    src_bytes = Pointer(src.data_ptr(), torch.uint8)
+    device = pool.get_device()
+    nbytes = src.numel() * src.element_size()
+    for grid, args, options in _launches(_publish_kernel, pool, src_bytes, nbytes, state, state,
+                                         max_inflight_slices, consumer_count, values,
+                                         nbytes > EAGER_TWO_LAUNCHES_ABOVE):
+        _LAUNCHER(grid, args, options, device)
 
 
 def _pdl_launch(kernel, pool: torch.Tensor, wanted: bool) -> bool:
@@ -624,369 +591,3 @@ def selfcheck_result(on_gpu: bool) -> tuple[bool, str]:
     if torch.equal(pool, before):
         return False, f"{detail}: the example call writes nothing"
     return torch.equal(args["pool"], pool) and torch.equal(args["state"], state), detail
-
-
-# --------------------------------------------------------------------------------------------
-# The pool runtime
-
-
-class LeaseAllocator:
-    """Leases of the pool's data region: best-fit 256-byte-aligned ranges, merged when freed,
-    and slots whose generation grows on every lease.
-
-    Pure Python (no tensor, no device, no lock): :class:`TransportPool` calls it under its lock,
-    and the tests drive it directly.
-
-    Parameters
-    ----------
-    memory_size, max_inflight_slices, consumer_count : int
-        The pool's layout (:mod:`strictops.meta.transport_pool`), already validated.
-    name : str
-        The transport's name, for messages.
-    """
-
-    def __init__(self, memory_size: int, max_inflight_slices: int, consumer_count: int,
-                 name: str) -> None:
-        self.name = name
-        self.memory_size = memory_size
-        self.consumer_count = consumer_count
-        self.data_start = contract.data_start(max_inflight_slices, consumer_count)
-        self.slot_bytes = contract.slot_bytes(consumer_count)
-        self._free = [(self.data_start, memory_size)]  # sorted, disjoint, never adjacent
-        self._free_slots = list(reversed(range(max_inflight_slices)))  # lowest slot on top
-        self._generations = [0] * max_inflight_slices
-        self._active: dict[int, Lease] = {}
-
-    @property
-    def active(self) -> tuple[Lease, ...]:
-        return tuple(self._active.values())
-
-    @property
-    def free_ranges(self) -> tuple[tuple[int, int], ...]:
-        return tuple(self._free)
-
-    def generation(self, slot: int) -> int:
-        """The generation of ``slot``'s latest lease (0: never leased)."""
-        return self._generations[slot]
-
-    def allocate(self, nbytes: int) -> Optional[Lease]:
-        """A lease of ``nbytes`` bytes (rounded up to 256), or None if no range or slot is free.
-
-        Best fit: the smallest free range that holds it, the lowest address among equals; the
-        lease takes the range's start. Raises ``RuntimeError`` when the slot's generation would
-        pass ``0x7FFFFFFF``, before anything changes.
-        """
-        if nbytes <= 0:
-            raise ValueError(f"{self.name} lease size must be positive, got {nbytes}")
-        size = align_up(nbytes, DATA_ALIGNMENT)
-        fits = [(end - start, start, i) for i, (start, end) in enumerate(self._free)
-                if end - start >= size]
-        if not fits or not self._free_slots:
-            return None
-        _, start, i = min(fits)
-        slot = self._free_slots[-1]
-        generation = self._generations[slot] + 1
-        if generation > MAX_GENERATION:
-            raise RuntimeError(f"{self.name} pool slot generation exhausted")
-        self._free_slots.pop()
-        self._generations[slot] = generation
-        range_end = self._free[i][1]
-        if start + size < range_end:
-            self._free[i] = (start + size, range_end)
-        else:
-            del self._free[i]
-        ready = slot * self.slot_bytes
-        lease = Lease(start, start + size, nbytes, slot, generation, ready, ready + WORD_BYTES)
-        self._active[slot] = lease
-        return lease
-
-    def require_active(self, lease: Lease, action: str) -> None:
-        """Raise ``RuntimeError`` unless ``lease`` is the live lease of its slot."""
-        if self._active.get(lease.slot) != lease:
-            raise RuntimeError(f"Cannot {action} inactive {self.name} pool lease "
-                               f"(slot={lease.slot}, generation={lease.generation})")
-
-    def release(self, lease: Lease) -> None:
-        """Free ``lease``'s range (merged with free neighbours) and slot."""
-        self.require_active(lease, "release")
-        del self._active[lease.slot]
-        self._free_slots.append(lease.slot)
-        start, end = lease.start, lease.end
-        i = bisect.bisect(self._free, (start, end))
-        if i < len(self._free) and self._free[i][0] == end:  # merge with the next range
-            end = self._free.pop(i)[1]
-        if i > 0 and self._free[i - 1][1] == start:  # ... and the previous one
-            i -= 1
-            start = self._free.pop(i)[0]
-        self._free.insert(i, (start, end))
-
-    def recycle(self, control_words: Sequence[Sequence[int]]) -> list[Lease]:
-        """Release every live lease that all consumers acknowledged; return those leases.
-
-        ``control_words[slot]`` is the slot's row of int32 control words as read from the
-        pool: ``[ready, ack_0, ..., ack_{consumer_count-1}]``.
-        """
-        done = [lease for lease in self._active.values()
-                if all(w == lease.generation
-                       for w in control_words[lease.slot][1:1 + self.consumer_count])]
-        for lease in done:
-            self.release(lease)
-        return done
-
-
-@dataclass(frozen=True)
-class PoolHandle:
-    """What a consumer process needs to attach to a pool: picklable (send it through a
-    ``torch.multiprocessing`` queue or pipe). ``rebuild(*args)`` opens the pool's CUDA IPC
-    handle (``torch.multiprocessing.reductions.reduce_tensor``)."""
-
-    rebuild: Callable[..., torch.Tensor]
-    args: tuple
-    max_inflight_slices: int
-    consumer_count: int
-    name: str
-
-
-class TransportPool:
-    """The producer's side: a CUDA byte pool, its leases, the publish, and the recycler.
-
-    Parameters
-    ----------
-    memory_size : int
-        Bytes of the pool, control words included.
-    device : torch.device or str, optional
-        CUDA device of the pool (default: the current one).
-    consumer_count : int
-        Consumers that must acknowledge every lease.
-    max_inflight_slices : int
-        Slots, i.e. leases live at once.
-    recycle_interval : float or None
-        Seconds between the background recycler's passes; None starts no recycler (call
-        :meth:`recycle`).
-    name : str
-        The transport's name in messages (``"{name} requires a CUDA tensor"``).
-    """
-
-    def __init__(self, memory_size: int, *, device=None, consumer_count: int = 1,
-                 max_inflight_slices: int = DEFAULT_MAX_INFLIGHT_SLICES,
-                 recycle_interval: Optional[float] = 0.005, name: str = "CUDA IPC") -> None:
-        if memory_size <= 0:
-            raise ValueError("memory_size must be positive")
-        if recycle_interval is not None and recycle_interval <= 0:
-            raise ValueError("recycle_interval must be positive")
-        # The layout rules on a meta tensor: a bad layout is refused before any allocation.
-        contract.LAYOUT.validate(pool=torch.empty(memory_size, dtype=torch.uint8, device="meta"),
-                                 max_inflight_slices=max_inflight_slices,
-                                 consumer_count=consumer_count, name=name)
-        self.device = torch.device(device if device is not None else "cuda")
-        if self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.name = name
-        self.max_inflight_slices = max_inflight_slices
-        self.consumer_count = consumer_count
-        self.allocator = LeaseAllocator(memory_size, max_inflight_slices, consumer_count, name)
-        self.tensor = torch.empty(memory_size, dtype=torch.uint8, device=self.device)
-        self._control = _control_words(self.tensor, max_inflight_slices, consumer_count)
-        self._control.zero_()
-        # One state row per slot: publishes in flight at once have different slots.
-        self._state = torch.zeros(max_inflight_slices, STATE_WORDS, dtype=torch.int32,
-                                  device=self.device)
-        # Zeroed before any other stream, thread or process reads a control word.
-        torch.cuda.synchronize(self.device)
-        self.base_address = self.tensor.data_ptr()
-        self._recycle_stream = torch.cuda.Stream(self.device)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._recycler = None
-        if recycle_interval is not None:
-            self._recycler = threading.Thread(target=self._recycle_loop, args=(recycle_interval,),
-                                              name=f"{name} pool recycler", daemon=True)
-            self._recycler.start()
-
-    @property
-    def active_lease_count(self) -> int:
-        with self._lock:
-            return len(self.allocator.active)
-
-    def lease(self, nbytes: int) -> Optional[Lease]:
-        """A lease of ``nbytes`` bytes, or None when no range or slot is free (for callers that
-        publish through :meth:`publish`, e.g. from a CUDA graph)."""
-        with self._lock:
-            return self.allocator.allocate(nbytes)
-
-    def release(self, lease: Lease) -> None:
-        """Free a lease whose publish was never enqueued (a published one is freed by its
-        consumers' acknowledgements, or by :meth:`cancel_lease`)."""
-        with self._lock:
-            self.allocator.release(lease)
-
-    def publish(self, src: torch.Tensor, lease: torch.Tensor, state: torch.Tensor) -> None:
-        """:func:`copy_and_publish` into this pool: ``lease`` and ``state`` are device tensors,
-        so this call can be captured in a CUDA graph and replayed into new leases."""
-        copy_and_publish(self.tensor, src, lease, state, self.max_inflight_slices,
-                         self.consumer_count)
-
-    def copy_tensor(self, tensor: torch.Tensor
-                    ) -> tuple[Optional[Lease], Optional[torch.Tensor]]:
-        """Copy ``tensor`` into a new lease and publish it on the current stream.
-
-        Returns ``(lease, view)``, ``view`` being the lease's bytes in the pool (uint8
-        ``[nbytes]``), or ``(None, None)`` when no range or slot is free. The source is checked
-        before anything is leased; if the launch fails the lease is released.
-        """
-        source = tensor.contiguous()
-        contract.SOURCE.validate(pool=self.tensor, src=source,
-                                 max_inflight_slices=self.max_inflight_slices,
-                                 consumer_count=self.consumer_count, name=self.name)
-        lease = self.lease(source.numel() * source.element_size())
-        if lease is None:
-            return None, None
-        try:
-            self._publish_lease(source, lease)
-        except BaseException:
-            self.release(lease)
-            raise
-        return lease, self.tensor[lease.start:lease.start + lease.nbytes]
-
-    def _publish_lease(self, source: torch.Tensor, lease: Lease) -> None:
-        # The lease is on the host: its values go to the kernel as arguments (no copy to the
-        # device first), with the slot's own state row.
-        state = self._state[lease.slot]
-        with on_device_of(self.tensor):
-            _launch(_publish_kernel, self.tensor, source, state, state,
-                    self.max_inflight_slices, self.consumer_count, values=lease)
-
-    def cancel_lease(self, lease: Lease) -> None:
-        """Acknowledge, for every consumer, a published lease that was never dispatched: in
-        stream order after its publish, so the recycler frees it once the publish is done."""
-        with self._lock:
-            self.allocator.require_active(lease, "cancel")
-        stream = torch.cuda.current_stream(self.device)
-        _cuda_stream.wait_value32(stream, self.base_address + lease.ready_byte_offset,
-                                  lease.generation)
-        for rank in range(self.consumer_count):
-            _cuda_stream.write_value32(
-                stream, self.base_address + lease.ack_byte_offset + rank * WORD_BYTES,
-                lease.generation)
-
-    def recycle(self) -> list[Lease]:
-        """Free every lease that all consumers acknowledged; return them.
-
-        Reads the control words on a stream of its own, so it waits for no producer work.
-        """
-        with torch.cuda.stream(self._recycle_stream):
-            words = self._control.to("cpu").tolist()
-        with self._lock:
-            return self.allocator.recycle(words)
-
-    def error_count(self) -> int:
-        """Publishes from :meth:`copy_tensor` the device refused (syncs the host: diagnostics)."""
-        return int(self._state[:, ERRORS].sum())
-
-    def export_handle(self) -> PoolHandle:
-        """A picklable handle through which another process attaches to this pool."""
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        rebuild, args = reduce_tensor(self.tensor)
-        return PoolHandle(rebuild, args, self.max_inflight_slices, self.consumer_count,
-                          self.name)
-
-    def shutdown(self) -> None:
-        """Stop the recycler thread (leases stay as they are)."""
-        self._stop.set()
-        if self._recycler is not None and self._recycler.is_alive():
-            self._recycler.join()
-
-    def _recycle_loop(self, interval: float) -> None:
-        torch.cuda.set_device(self.device)
-        while not self._stop.is_set():
-            try:
-                self.recycle()
-            except Exception:  # a failed pass must not end the thread: the next may succeed
-                logger.warning("%s pool recycle failed", self.name, exc_info=True)
-            self._stop.wait(interval)
-
-
-def _control_words(pool: torch.Tensor, max_inflight_slices: int,
-                   consumer_count: int) -> torch.Tensor:
-    """The int32 ``[max_inflight_slices, 1 + consumer_count]`` control words of ``pool``."""
-    words = 1 + consumer_count
-    control = pool[:max_inflight_slices * words * WORD_BYTES].view(torch.int32)
-    return control.view(max_inflight_slices, words)
-
-
-class TransportConsumer:
-    """One consumer's side of a pool: wait for a lease, read it, acknowledge it, all in stream
-    order on the caller's current stream (no host polling).
-
-    Parameters
-    ----------
-    pool : torch.Tensor
-        The pool (``[memory_size]`` uint8 CUDA), shared or the producer's own.
-    rank : int
-        This consumer's ack word, ``0 <= rank < consumer_count``.
-    max_inflight_slices, consumer_count : int
-        The pool's layout.
-    name : str
-        The transport's name, for messages.
-    """
-
-    def __init__(self, pool: torch.Tensor, *, rank: int, max_inflight_slices: int,
-                 consumer_count: int, name: str = "CUDA IPC") -> None:
-        contract.LAYOUT.validate(pool=pool, max_inflight_slices=max_inflight_slices,
-                                 consumer_count=consumer_count, name=name)
-        if not 0 <= rank < consumer_count:
-            raise ValueError(f"{name} consumer rank {rank} is outside [0, {consumer_count})")
-        self.pool = pool
-        self.rank = rank
-        self.max_inflight_slices = max_inflight_slices
-        self.consumer_count = consumer_count
-        self.name = name
-        self.base_address = pool.data_ptr()
-
-    @classmethod
-    def attach(cls, handle: PoolHandle, rank: int) -> "TransportConsumer":
-        """Open the pool of another process through its :meth:`TransportPool.export_handle`."""
-        return cls(handle.rebuild(*handle.args), rank=rank,
-                   max_inflight_slices=handle.max_inflight_slices,
-                   consumer_count=handle.consumer_count, name=handle.name)
-
-    @classmethod
-    def local(cls, pool: TransportPool, rank: int) -> "TransportConsumer":
-        """A consumer in the producer's own process."""
-        return cls(pool.tensor, rank=rank, max_inflight_slices=pool.max_inflight_slices,
-                   consumer_count=pool.consumer_count, name=pool.name)
-
-    def _checked(self, lease: Sequence[int]) -> Lease:
-        # Lease values arrive from another process: checked on the host before they become
-        # device addresses for a wait, a view or a write.
-        if not lease_fits(lease, self.pool.numel(), self.max_inflight_slices,
-                          self.consumer_count):
-            raise ValueError(f"{self.name} lease does not fit this pool: {tuple(lease)}")
-        return Lease(*lease)
-
-    def wait(self, lease: Lease) -> None:
-        """Make the current stream wait until ``lease`` is published."""
-        lease = self._checked(lease)
-        _cuda_stream.wait_value32(torch.cuda.current_stream(self.pool.device),
-                                  self.base_address + lease.ready_byte_offset, lease.generation)
-
-    def view(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
-        """The lease's bytes as a ``dtype`` tensor of ``shape`` (no copy; valid until
-        acknowledged)."""
-        lease = self._checked(lease)
-        return self.pool[lease.start:lease.start + lease.nbytes].view(dtype).view(shape)
-
-    def acknowledge(self, lease: Lease) -> None:
-        """Write this consumer's ack once the current stream's prior work (its reads) is done."""
-        lease = self._checked(lease)
-        _cuda_stream.write_value32(
-            torch.cuda.current_stream(self.pool.device),
-            self.base_address + lease.ack_byte_offset + self.rank * WORD_BYTES, lease.generation)
-
-    def receive(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
-        """Wait for ``lease``, copy it out, acknowledge it; returns the copy."""
-        self.wait(lease)
-        out = self.view(lease, dtype, shape).clone()
-        self.acknowledge(lease)
-        return out

@@ -15,7 +15,9 @@ sizes and a pool that fills up, for compute-sanitizer (run by .ci/gpu for every
    the partial last block of ``nbytes``, not of the source).
 3. The runtime (needs cuda-bindings): ``copy_tensor`` until the pool refuses ``(None, None)``,
    consumers wait, read and acknowledge some leases in stream order, ``cancel_lease`` the
-   others, and every lease is recycled; each received tensor equals its source.
+   others, and every lease is recycled; each received tensor equals its source. Then the
+   faults: a lease handed out and not published, whose waits time out (the watchdog's abort
+   kernel swaps its ready word) before a late publish recycles it, and a dropped consumer.
 
 The pool and every source are exact-size allocations, so an access past either end is one the
 sanitizer reports.
@@ -119,9 +121,30 @@ def _runtime(gen) -> int:
         recycled = pool.recycle()
         assert sorted(recycled) == sorted(lease for lease, _ in published), recycled
         assert pool.active_lease_count == 0 and pool.error_count() == 0
-        return len(published)
+        return len(published) + _faults(pool, readers, gen)
     finally:
         pool.shutdown()
+
+
+def _faults(pool, readers, gen) -> int:
+    withheld = pool.lease(5000)
+    for reader in readers:
+        reader.receive(withheld, torch.uint8, (5000,), timeout=0.2)
+    for reader in readers:
+        try:
+            reader.synchronize()
+            raise AssertionError("a wait for an unpublished lease did not time out")
+        except TimeoutError:
+            pass
+    late = torch.randint(0, 256, (5000,), device="cuda", dtype=torch.uint8, generator=gen)
+    pool.publish(late, torch.tensor(withheld, device="cuda"), op.new_state("cuda"))
+    torch.cuda.synchronize()
+    assert pool.recycle() == [withheld]
+    lease, _ = pool.copy_tensor(late)
+    assert torch.equal(readers[0].receive(lease, torch.uint8, (5000,)), late)
+    torch.cuda.synchronize()
+    assert pool.drop_consumer(1) == [lease] and pool.active_lease_count == 0
+    return 2
 
 
 def main() -> None:

@@ -3,7 +3,9 @@
 For every public op: each near miss (one rule broken at a time) raises exactly that rule's
 ``ValueError`` on the eager path (fake tensors, concrete sizes) and on the fake path (symbolic
 sizes, what ``torch.compile``/``torch.export`` trace), and again while ``torch.compile`` traces
-the public function; each valid call passes the contract and traces as one graph.
+the public function; each valid call passes the contract and traces as one graph. A rule that
+reads tensor values is eager only: its near miss is drawn only on request, and on fake tensors
+and while tracing it passes as a valid call does (its error on real tensors: the op's tests).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 
 import strictops.ops
 from strictops.meta import CONTRACTS, strategies
@@ -23,6 +25,11 @@ SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 def _public(op: str):
     return getattr(strictops.ops, op)
+
+
+# (op, rule) for every contract rule that reads tensor values (``reads_values``).
+VALUE_RULES = [(op, c.rule) for op in strategies.OPS
+               for c in strategies.MODULES[op].contract.CONTRACT.checks if c.reads_values]
 
 
 def test_every_op_has_strategies():
@@ -62,7 +69,7 @@ def test_near_misses_raise_the_rule_error_eager_and_fake(op):
     @settings(SETTINGS, max_examples=60)
     @given(call=strategies.calls(op, valid=False))
     def check(call):
-        assert call.rule is not None
+        assert call.rule is not None and not call.eager_only
         assert strategies.failures(_public(op), call, traced=False) == []
 
     check()
@@ -85,5 +92,26 @@ def test_valid_calls_pass_and_trace_as_one_graph(op):
     def check(call):
         assert call.rule is None
         assert strategies.failures(_public(op), call) == []
+
+    check()
+
+
+@pytest.mark.parametrize("op, rule", VALUE_RULES)
+def test_value_rules_are_drawn_on_request(op, rule):
+    near_miss = strategies.calls(op, valid=False, values=True)
+    call = find(near_miss, lambda c: c.rule == rule, settings=settings(SETTINGS, database=None))
+    assert call.eager_only
+
+
+@pytest.mark.parametrize("op, rule", VALUE_RULES)
+def test_value_rules_pass_on_fake_tensors_and_trace(op, rule):
+    """The near miss of a rule that reads values raises nothing on fake tensors, eager or
+    traced, and traces as one graph: the rule never reads a fake tensor's values."""
+    @settings(SETTINGS, max_examples=4)
+    @given(call=strategies.calls(op))
+    def check(call):
+        bad = call.near_miss(rule)
+        assert bad.eager_only
+        assert strategies.failures(_public(op), bad) == []
 
     check()

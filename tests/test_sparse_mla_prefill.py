@@ -1,19 +1,22 @@
-"""sparse_mla_q8kv8_prefill_fwd: contract messages, eager/fake parity, value check, numerics.
+"""sparse_mla_q8kv8_prefill_fwd: contract messages, the value rule, numerics.
 
-CPU (CI): every rule's message on fake CUDA tensors, pinned with expecttest; near misses drawn
-from the contract raise the same error on the eager path (concrete sizes) and the fake path
-(symbolic sizes); the aliasing rule on shared, overlapping and disjoint buffers; the
-``topk_length`` value check (eager message, and no value read where it must not sync); the
-kernel under the Triton interpreter against the float64 reference on small shapes (both head
-dims, invalid indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row
-that must not be read, out-of-range lengths counted); the Gluon kernel built for sm_90 with
-wgmma for both products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
+CPU (CI): every rule's message on fake CUDA tensors, pinned with expecttest (every near miss on
+the eager, fake and traced paths: ``tests/test_contracts.py``); the aliasing rule on shared,
+overlapping and disjoint buffers; the ``topk_length`` value rule on real CPU tensors (its
+message, its place in the original's order, and no value read where it must not sync); the
+reference and the kernel under the Triton interpreter with sinks of +-inf and empty tokens (no
+NaN); the kernel against the float64 reference on small shapes (both head dims, invalid
+indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row that must not be
+read, out-of-range lengths counted); the Gluon kernel built for sm_90 with wgmma for both
+products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
 tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
-the warp-specialised Gluon one that sm_90 runs by default).
+the warp-specialised Gluon one that sm_90 runs by default), and the value rule's order through
+the public op.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import secrets
 import unittest
@@ -28,6 +31,7 @@ from triton.runtime import interpreter
 
 from strictops.meta import sparse_mla_prefill as contract
 from strictops.meta import strategies
+from strictops.meta._contract import Contract
 from strictops.meta.strategies import sparse_mla_prefill as calls_of
 from strictops.meta.testing import (
     CAN_NAME_SECOND_GPU,
@@ -46,6 +50,12 @@ SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Sizes for the pinned messages: distinct, so a message that shows the wrong size shows it.
 DIMS = contract.Dims(s_q=3, s_kv=200, h_q=128, d_qk=576, topk=256)
 SECOND_GPU = unittest.skipIf(not CAN_NAME_SECOND_GPU, "a real single-GPU machine has no cuda:1")
+# The contract's rows but those that need CUDA tensors, in order: on real CPU tensors, whose
+# values can be read, they show what an eager call checks and in which order, the value rule
+# included (which never runs on fake tensors).
+CPU_CONTRACT = Contract(op=contract.CONTRACT.op, stem=contract.CONTRACT.stem,
+                        checks=tuple(c for c in contract.CHECKS if not c.rule.endswith("_cuda")))
+CPU_DIMS = dataclasses.replace(DIMS, device="cpu")
 
 
 # The message each rule's near miss raises on fake tensors.
@@ -246,8 +256,9 @@ class TestMessages(expecttest.TestCase):
         assert_every_rule_pinned(self, contract)  # near misses: tests/test_registry.py
 
     def test_topk_length_values(self):
-        bad = torch.tensor([0, 257, 3], dtype=torch.int32)
-        err = raised(op.check_topk_length_values, topk_length=bad, topk=256)
+        # Eager only (it reads values): real CPU tensors through the contract's CPU rows.
+        spec = contract.NEAR_MISSES["topk_length_values"](contract.valid_spec(CPU_DIMS))
+        err = raised(CPU_CONTRACT.validate, **build(spec))
         self.assertIs(type(err), ValueError)
         self.assertExpectedInline(str(err), """topk_length values must satisfy 0 <= topk_length <= topk (256)""")
 
@@ -326,26 +337,67 @@ def test_empty_buffers_never_alias():
 # The topk_length value check
 
 
-def test_in_range_topk_lengths_pass_the_eager_check():
-    op.check_topk_length_values(torch.tensor([0, 256, 7], dtype=torch.int32), 256)
+@pytest.mark.parametrize("lengths, refused", [([0, 256, 7], False), ([0, 257, 3], True),
+                                             ([5, -1, 0], True)])
+def test_topk_length_values_on_real_tensors(lengths, refused):
+    args = build(contract.valid_spec(dataclasses.replace(CPU_DIMS, with_topk_length=True)))
+    args["topk_length"] = torch.tensor(lengths, dtype=torch.int32)
+    if not refused:
+        CPU_CONTRACT.validate(**args)
+        return
+    err = raised(CPU_CONTRACT.validate, **args)
+    assert (type(err), str(err)) == CPU_CONTRACT.expected_error("topk_length_values", **args)
+
+
+_RULES = CPU_CONTRACT.rules
+# Later rules whose near miss passes a counter or drops topk_length: no values are read then.
+_VALUES_NOT_READ = ("attn_sink_needs_topk_length", "topk_length_errors_shape_dtype",
+                    "topk_length_errors_alias")
+
+
+@pytest.mark.parametrize("other", [r for r in _RULES
+                                   if r != "topk_length_values" and not r.endswith("_device")])
+def test_topk_length_values_are_checked_in_the_originals_place(other):
+    """Out-of-range lengths and one other broken rule, on real CPU tensors: an eager call
+    reports the rule the original checks first. A rule before the value rule (``topk_length``'s
+    own checks and all before them) wins over it; the value rule wins over every rule after it
+    (``d_v``, ``attn_sink``, the scales, the buffers), but where no value is read."""
+    bad_lengths = contract.NEAR_MISSES["topk_length_values"](contract.valid_spec(CPU_DIMS))
+    args = build(contract.NEAR_MISSES[other](bad_lengths))
+    first = _RULES.index(other) < _RULES.index("topk_length_values")
+    expected = other if first or other in _VALUES_NOT_READ else "topk_length_values"
+    err = raised(CPU_CONTRACT.validate, **args)
+    assert (type(err), str(err)) == CPU_CONTRACT.expected_error(expected, **args)
+    assert CPU_CONTRACT.broken_rule(**args) == expected
+    if args["topk_length"] is not None:  # ``other`` is broken in this call
+        args["topk_length"].zero_()  # in place: its strides may be what ``other`` is about
+        assert CPU_CONTRACT.broken_rule(**args) == other
+
+
+def _meta_call(**changes) -> dict:
+    """A valid call with ``topk_length`` on meta tensors, whose values cannot be read."""
+    spec = contract.valid_spec(dataclasses.replace(DIMS, device="meta", with_topk_length=True))
+    return {**build(spec), **changes}
 
 
 def test_meta_values_cannot_be_read():
-    """The probe the next test relies on: any read of a meta tensor's values raises."""
+    """The probe the next test relies on: in plain eager mode the value rule reads the
+    values, and reading a meta tensor's raises."""
     with pytest.raises((NotImplementedError, RuntimeError)):
-        op.check_topk_length_values(torch.zeros(3, dtype=torch.int32, device="meta"), 256)
+        CPU_CONTRACT.validate(**_meta_call())
 
 
-def test_value_check_never_reads_values_where_it_must_not_sync(monkeypatch):
-    """With a counter, while compiling and on fake tensors the check returns without reading
-    the values (a meta tensor's values cannot be read), so it cannot sync the host there."""
-    unreadable = torch.zeros(3, dtype=torch.int32, device="meta")
-    counter = torch.zeros(1, dtype=torch.int32, device="meta")
-    op.check_topk_length_values(unreadable, 256, topk_length_errors=counter)
+def test_value_rule_never_reads_values_where_it_must_not_sync(monkeypatch):
+    """With a counter, on fake tensors and while compiling, the contract passes without
+    reading the values (a meta tensor's cannot be read, a fake tensor's would be data
+    dependent), so it cannot sync the host there."""
+    CPU_CONTRACT.validate(**_meta_call(
+        topk_length_errors=torch.zeros(1, dtype=torch.int32, device="meta")))
     with fake_mode():
-        op.check_topk_length_values(torch.empty(3, dtype=torch.int32, device="cuda:0"), 256)
+        spec = contract.NEAR_MISSES["topk_length_values"](contract.valid_spec(DIMS))
+        contract.validate(**build(spec))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    op.check_topk_length_values(unreadable, 256)
+    CPU_CONTRACT.validate(**_meta_call())
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,6 +440,50 @@ def test_empty_rows_give_zero_out_minus_inf_max_and_plus_inf_lse(d_qk, with_attn
     assert torch.equal(out[:2], torch.zeros_like(out[:2]))
     assert bool((max_logits[:2] == float("-inf")).all() and (lse[:2] == float("inf")).all())
     assert bool(out[2:].abs().amax(dim=-1).gt(0).all() and lse[2:].isfinite().all())
+
+
+# Sinks at the ends of the range: +inf takes all the weight (out = 0), -inf none.
+SINKS = [0.75, float("inf"), float("-inf")]
+
+
+def _sink_case(sink: float, device: str, generator: torch.Generator) -> dict:
+    """A call whose every head has ``attn_sink = sink``, with NaN-poisoned buffers and the
+    three kinds of token: 0 selects only invalid indices, 1 has ``topk_length`` 0, 2 and 3
+    have 70 and ``topk`` rows (the edge rows of ``random_inputs``)."""
+    dims = contract.Dims(s_q=6, s_kv=300, h_q=64 if device == "cpu" else 128, d_qk=576,
+                         topk=128, with_attn_sink=True, with_buffers=True, device=device)
+    args = op.random_inputs(dims, generator)
+    args["attn_sink"].fill_(sink)
+    return args
+
+
+def _assert_sink_semantics(sink: float, outputs) -> None:
+    """No NaN anywhere; the empty tokens 0 and 1 give out 0, max -inf, lse +inf whatever the
+    sink; the others a finite lse, and out 0 exactly when the sink is +inf."""
+    out, max_logits, lse = (t.double() for t in outputs)
+    assert not any(bool(t.isnan().any()) for t in (out, max_logits, lse))
+    assert torch.equal(out[:2], torch.zeros_like(out[:2]))
+    assert bool((max_logits[:2] == float("-inf")).all() and (lse[:2] == float("inf")).all())
+    assert bool(lse[2:4].isfinite().all() and max_logits[2:4].isfinite().all())
+    nonzero = out[2:4].abs().amax(dim=-1) > 0
+    assert bool((~nonzero).all() if sink == float("inf") else nonzero.all())
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_reference_sink_at_any_value_and_empty_rows_give_no_nan(sink):
+    args = _sink_case(sink, "cpu", torch.Generator().manual_seed(11))
+    outputs = op.reference(**_inputs(args))
+    _assert_sink_semantics(sink, outputs)
+    if sink == float("-inf"):  # no weight to the sink: the result without one
+        plain = op.reference(**_inputs({**args, "attn_sink": None}))
+        assert all(torch.equal(a, b) for a, b in zip(outputs, plain))
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_interpreted_kernel_sink_at_any_value_and_empty_rows_give_no_nan(sink):
+    args = _sink_case(sink, "cpu", torch.Generator().manual_seed(12))
+    outputs, _ = _check_interpreted(args)
+    _assert_sink_semantics(sink, outputs)
 
 
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
@@ -480,6 +576,24 @@ _WS_SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32
                  "s_kv": "i32", "h_q": "i32", "topk": "i32"}
 
 
+def _sm90_ptx(module, kernel, d_qk: int, **tuning):
+    """PTX of a Gluon kernel built ahead of time for sm_90 with what its ``launch()`` compiles
+    (every optional argument given); asserts that its shared memory fits the H200's 227 KiB."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    constexprs = module.constexprs(d_qk, True, True, True, **tuning)
+    source = GluonASTSource(kernel, _WS_SIGNATURE | {k: "constexpr" for k in constexprs},
+                            constexprs, {(i,): [["tt.divisibility", 16]] for i in range(11)})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
+                              options={"num_warps": 4, "maxnreg": module.TUNING["max_regs"]})
+    assert compiled.metadata.shared <= 227 * 1024
+    ptx = compiled.asm["ptx"]
+    assert "mma.sync" not in ptx and "setmaxnreg" in ptx  # no fallback; registers move
+    return ptx
+
+
 @pytest.mark.skipif(not op._sparse_mla_gluon.AVAILABLE, reason="this Triton has no Gluon")
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
@@ -487,25 +601,32 @@ def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
     would fail here first), both products are wgmma (Q·Kᵀ FP8, P·V fp16; no mma.sync
     fallback), S is shared between the consumers, registers move with setmaxnreg, and shared
     memory fits the H200's 227 KiB."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     ws = op._sparse_mla_gluon
-    constexprs = ws.constexprs(d_qk, True, True, True)  # what launch() compiles
-    source = GluonASTSource(ws.sparse_mla_ws_kernel,
-                            _WS_SIGNATURE | {k: "constexpr" for k in constexprs}, constexprs,
-                            {(i,): [["tt.divisibility", 16]] for i in range(11)})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                              options={"num_warps": 4, "maxnreg": ws.TUNING["max_regs"]})
-    ptx = compiled.asm["ptx"]
+    ptx = _sm90_ptx(ws, ws.sparse_mla_ws_kernel, d_qk)
     # Per consumer: Q·Kᵀ of its 32 rows of the block is d_qk / 32 m64n32k32 instructions
     # (the two consumers share one S), P·V over all 64 rows 64 / 16 m64n256k16 ones.
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3") == 2 * d_qk // 32
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16") == 2 * 4
     assert "wgmma.mma_async.sync.aligned.m64n64k32" not in ptx  # no consumer computes all of S
-    assert "mma.sync" not in ptx and "setmaxnreg" in ptx
-    assert compiled.metadata.shared <= 227 * 1024
+
+
+@pytest.mark.skipif(not op._sparse_mla_gluon.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+@pytest.mark.parametrize("tr_cons", [True, False])
+def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tr_cons):
+    """Without a GPU: the block-pair kernel (not the op's default; see
+    ``benchmarks/experiments/sparse_mla_hopper.py``) compiles for sm_90 with either V
+    transpose, both products are FP8 wgmma (no fp16 P·V), each consumer computes the whole S
+    of its own blocks."""
+    from strictops.ops import _sparse_mla_hopper as hopper
+
+    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, tr_cons=tr_cons)
+    # Per consumer, Q·Kᵀ of a whole 64-row block is d_qk / 32 m64n64k32 instructions, written
+    # out twice (the peeled first pair and the loop); P·V is two m64n256k32 instructions
+    # (k = 64 rows), at four places (the first and second P·V, each peeled and in the loop).
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") == 4 * d_qk // 32
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3") == 2 * 4 * 2
+    assert "f16.f16" not in ptx
 
 
 @pytest.fixture(params=["auto", "triton"])
@@ -547,6 +668,14 @@ def test_gpu_matches_the_reference_and_writes_every_element(d_qk, variant, kerne
     assert torch.equal(out[0], torch.zeros_like(out[0])) and bool(lse[0].isinf().all())
     if variant != "plain":
         assert args["topk_length_errors"].item() == 0
+
+
+@gpu
+@pytest.mark.parametrize("sink", SINKS)
+def test_gpu_sink_at_any_value_and_empty_rows_give_no_nan(sink, kernel):
+    gen, seed = _fresh_generator()
+    args = _sink_case(sink, "cuda", gen)
+    _assert_sink_semantics(sink, _check_on_gpu(args, seed))
 
 
 @gpu
@@ -609,7 +738,7 @@ def test_gpu_functional_buffer_and_dispatcher_calls_agree_bit_for_bit():
 
 @gpu
 @settings(SETTINGS, max_examples=40)
-@given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
+@given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False, values=True))
 def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
     args, kwargs = call.build()  # zero-filled
     named = call.named(args, kwargs)
@@ -618,6 +747,21 @@ def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
     err = raised(sparse_mla_q8kv8_prefill_fwd, *args, **kwargs)
     assert (type(err), str(err)) == call.expected_error(args, kwargs)
     assert all(torch.equal(named[k], v) for k, v in before.items())
+
+
+@gpu
+@pytest.mark.parametrize("other", ["d_v", "attn_sink_shape_dtype", "q_scale_dtype",
+                                   "kv_scale_scalar", "out_dtype", "lse_contiguous",
+                                   "buffers_alias"])
+def test_gpu_topk_length_values_are_checked_before_later_rules(other):
+    """Out-of-range lengths and a later broken rule, real CUDA tensors: the public function
+    and the op through the dispatcher raise the value error, as the original did."""
+    spec = contract.valid_spec(dataclasses.replace(DIMS, device="cuda:0"))
+    args = build(contract.NEAR_MISSES[other](contract.NEAR_MISSES["topk_length_values"](spec)))
+    want = contract.CONTRACT.expected_error("topk_length_values", **args)
+    for fn in (sparse_mla_q8kv8_prefill_fwd, torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd):
+        err = raised(fn, **args)
+        assert (type(err), str(err)) == want, fn
 
 
 @gpu

@@ -2,8 +2,7 @@
 
 CPU (CI): every contract message on fake CUDA tensors and every runtime message, pinned with
 expecttest; near misses raise the same error on the eager path (concrete sizes) and the fake
-path (symbolic sizes); the lease allocator as a hypothesis state machine against a simulated
-control-word array; the kernel under the Triton interpreter equals the reference for any lease
+path (symbolic sizes); the kernel under the Triton interpreter equals the reference for any lease
 values (nothing written outside a fitting lease, a refused lease counted). GPU (``-m gpu``):
 the pool's publish, wait, acknowledge and recycle on one device, a full pool that recovers, and
 one producer with two consumer processes over CUDA IPC (``tests/gpu_transport_ipc.py``).
@@ -26,8 +25,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
-                                 rule)
 
 from strictops.meta import transport_pool as contract
 from strictops.meta.strategies import transport_pool as calls_of
@@ -43,6 +40,7 @@ from strictops.meta.testing import (
 )
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops import transport_pool as op
+from strictops.ops import transport_runtime as runtime
 from strictops.ops import _cuda_stream
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -139,7 +137,7 @@ CUDA IPC cannot transport an empty tensor""")
             str(raised(TransportPool, memory_size=1 << 20, consumer_count=0)), """consumer_count must be positive, got 0""")
 
     def test_inactive_lease(self):
-        alloc = op.LeaseAllocator(4096, 2, 1, "CUDA IPC")
+        alloc = runtime.LeaseAllocator(4096, 2, 1, "CUDA IPC")
         lease = alloc.allocate(10)
         alloc.release(lease)
         self.assertExpectedInline(str(raised(alloc.release, lease=lease)), """Cannot release inactive CUDA IPC pool lease (slot=0, generation=1)""")
@@ -147,7 +145,7 @@ CUDA IPC cannot transport an empty tensor""")
                                               action="cancel")), """Cannot cancel inactive CUDA IPC pool lease (slot=0, generation=1)""")
 
     def test_generation_exhausted_changes_nothing(self):
-        alloc = op.LeaseAllocator(4096, 2, 1, "CUDA IPC")
+        alloc = runtime.LeaseAllocator(4096, 2, 1, "CUDA IPC")
         alloc._generations[0] = contract.MAX_GENERATION  # slot 0 is next to be leased
         free = alloc.free_ranges
         err = raised(alloc.allocate, nbytes=10)
@@ -189,106 +187,6 @@ CUDA IPC cannot transport an empty tensor""")
 def test_valid_calls_pass_the_contract(dims):
     with fake_mode():
         contract.validate(**build(contract.valid_spec(dims)))
-
-
-# --------------------------------------------------------------------------------------------
-# The allocator, against a simulated pool
-
-
-class AllocatorMachine(RuleBasedStateMachine):
-    """Leases, publishes, acknowledgements, cancels and recycles in any order.
-
-    ``words`` stands in for the pool's control words: a publish writes the ready word, each
-    consumer's acknowledgement its ack word, a cancel every ack word, as the device would.
-    """
-
-    @initialize(slots=st.integers(1, 6), consumers=st.integers(1, 3),
-                data=st.integers(1, 8 * ALIGN))
-    def setup(self, slots, consumers, data):
-        self.memory_size = contract.data_start(slots, consumers) + data
-        self.alloc = op.LeaseAllocator(self.memory_size, slots, consumers, "test")
-        self.words = [[0] * (1 + consumers) for _ in range(slots)]
-        self.consumers = consumers
-        self.generations = [0] * slots
-        self.stale: list[contract.Lease] = []
-
-    def _pick(self, data, leases):
-        return data.draw(st.sampled_from(sorted(leases)))
-
-    @rule(nbytes=st.integers(1, 3 * ALIGN))
-    def allocate(self, nbytes):
-        size = -(-nbytes // ALIGN) * ALIGN
-        fitting = [(end - start, start) for start, end in self.alloc.free_ranges
-                   if end - start >= size]
-        slot_free = len(self.alloc.active) < len(self.words)
-        lease = self.alloc.allocate(nbytes)
-        if not (fitting and slot_free):
-            assert lease is None
-            return
-        assert (lease.start, lease.end, lease.nbytes) == (min(fitting)[1], min(fitting)[1] + size,
-                                                          nbytes)  # best fit
-        assert lease.generation == self.generations[lease.slot] + 1
-        self.generations[lease.slot] = lease.generation
-        assert lease.ready_byte_offset == lease.slot * contract.slot_bytes(self.consumers)
-        self.words[lease.slot][0] = lease.generation  # published
-
-    @precondition(lambda self: self.alloc.active)
-    @rule(data=st.data())
-    def acknowledge(self, data):
-        lease = self._pick(data, self.alloc.active)
-        rank = data.draw(st.integers(0, self.consumers - 1))
-        self.words[lease.slot][1 + rank] = lease.generation
-
-    @precondition(lambda self: self.alloc.active)
-    @rule(data=st.data())
-    def cancel(self, data):
-        lease = self._pick(data, self.alloc.active)
-        self.alloc.require_active(lease, "cancel")
-        self.words[lease.slot][1:] = [lease.generation] * self.consumers
-
-    @rule()
-    def recycle(self):
-        acked = {l for l in self.alloc.active
-                 if self.words[l.slot][1:] == [l.generation] * self.consumers}
-        done = self.alloc.recycle(self.words)
-        assert set(done) == acked
-        self.stale += done
-
-    @precondition(lambda self: self.stale)
-    @rule(data=st.data())
-    def release_stale(self, data):
-        lease = self._pick(data, self.stale)
-        with pytest.raises(RuntimeError) as info:
-            self.alloc.release(lease)
-        assert str(info.value) == (f"Cannot release inactive test pool lease "
-                                   f"(slot={lease.slot}, generation={lease.generation})")
-
-    @invariant()
-    def ranges_are_aligned_disjoint_merged_and_conserved(self):
-        if not hasattr(self, "alloc"):
-            return
-        live = sorted((l.start, l.end) for l in self.alloc.active)
-        free = list(self.alloc.free_ranges)
-        assert free == sorted(free)
-        assert all(a[1] < b[0] for a, b in zip(free, free[1:]))  # merged: never adjacent
-        spans = sorted(live + free)
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # nothing overlaps
-        assert all(s % ALIGN == 0 and s < e for s, e in spans)
-        assert all((e - s) % ALIGN == 0 for s, e in live)
-        data_start = self.alloc.data_start
-        assert sum(e - s for s, e in spans) == self.memory_size - data_start
-        assert all(data_start <= s and e <= self.memory_size for s, e in spans)
-
-    @invariant()
-    def generations_only_grow_and_leases_are_their_slots(self):
-        if not hasattr(self, "alloc"):
-            return
-        assert [self.alloc.generation(s) for s in range(len(self.words))] == self.generations
-        assert all(self.alloc._active[l.slot] is l for l in self.alloc.active)
-
-
-TestAllocatorMachine = AllocatorMachine.TestCase
-TestAllocatorMachine.settings = settings(SETTINGS, max_examples=150, stateful_step_count=40)
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ and while tracing. :func:`failures` checks both for any function with the op's s
 Every call is generated from the op's contract (``strictops.meta.<stem>``): its ``Dims``,
 ``valid_spec`` and ``NEAR_MISSES``, so the strategies cover exactly the input space the contract
 declares. Near misses that name a device this machine cannot build (a second GPU where CUDA is
-real and there is one) are not drawn.
+real and there is one) are not drawn, nor, unless asked for, those of rules that read tensor
+values (such as a length that must lie in a range): those run on real tensors in eager mode
+only, never on fake tensors or while tracing.
 
 One module per op
 -----------------
@@ -72,7 +74,8 @@ def _module(op: str) -> ModuleType:
         raise ValueError(f"unknown op {op!r}; strictops.meta.strategies.OPS = {OPS}") from None
 
 
-def calls(op: str, *, device: str = "cuda:0", valid: bool = True) -> st.SearchStrategy[Call]:
+def calls(op: str, *, device: str = "cuda:0", valid: bool = True,
+          values: bool = False) -> st.SearchStrategy[Call]:
     """A hypothesis strategy of :class:`Call` objects for the public function ``op``.
 
     Parameters
@@ -82,13 +85,18 @@ def calls(op: str, *, device: str = "cuda:0", valid: bool = True) -> st.SearchSt
         elsewhere: that is its rule).
     valid : valid calls (``call.rule is None``) or near misses, each breaking exactly one
         contract rule (``call.rule``), every rule drawn.
+    values : near misses of the rules that read tensor values too (``call.eager_only``).
+        Such a rule runs only on real tensors in plain eager mode, so its near miss raises
+        nothing on fake tensors or while tracing: ask for them only for calls built on real
+        tensors and run eagerly.
     """
     module = _module(op)
     valid_calls = module.dims(device=device).map(
         lambda d: Call(op, module.contract.valid_spec(d), None, module.contract))
     if valid:
         return valid_calls
-    rules = st.sampled_from(module.contract.CONTRACT.rules)
+    contract = module.contract.CONTRACT
+    rules = st.sampled_from([c.rule for c in contract.checks if values or not c.reads_values])
     return st.builds(Call.near_miss, valid_calls, rules).filter(
         lambda c: buildable_here(c.spec))
 

@@ -1,0 +1,297 @@
+"""The sm_90 sparse MLA kernels side by side: build facts, correctness, speed.
+
+Variants (``--kernels``): ``old`` (``strictops.ops._sparse_mla_gluon``, the op's default),
+``new`` (``strictops.ops._sparse_mla_hopper`` with its ``TUNING``: the consumers transpose V),
+``new_prod_tr`` (the same kernel with the producer transposing V), ``new_tr128`` (the
+consumers transposing 128 columns per load: fewer barriers, not yet measured), and the
+ablations in
+``ABLATIONS`` (wrong results, for timing only).
+
+Without a GPU (``--build``): compiles ``strictops.ops._sparse_mla_hopper`` (and the older
+``_sparse_mla_gluon`` where present) for sm_90a with the Triton wheel's ptxas and prints
+registers, spills, ptxas warnings, shared memory and the SASS instruction mix.
+
+On an H200: every kernel variant against the float64 reference (several shapes, both d_qk,
+topk_length, attn_sink in {finite, +inf, -inf}, invalid indices, empty rows, poisoned buffers),
+then TFLOPS at the four benchmark shapes (``do_bench`` median, L2 flushed), and the relative
+errors on unit-scale and full-range FP8 data. Results as JSON lines under ``--out``.
+
+    python benchmarks/experiments/sparse_mla_hopper.py --build
+    python benchmarks/experiments/sparse_mla_hopper.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from strictops.meta import sparse_mla_prefill as contract
+from strictops.ops import sparse_mla_prefill as m
+
+SHAPES = [
+    (4096, 8192, 128, 576, 2048),
+    (4096, 32768, 128, 576, 2048),
+    (4096, 8192, 64, 512, 512),
+    (1024, 8192, 128, 576, 2048),
+]
+SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32",
+             "q_scale_ptr": "*fp32", "kv_scale_ptr": "*fp32", "attn_sink_ptr": "*fp32",
+             "topk_length_ptr": "*i32", "errors_ptr": "*i32", "out_ptr": "*bf16",
+             "max_logits_ptr": "*fp32", "lse_ptr": "*fp32", "sm_scale": "fp32",
+             "s_kv": "i32", "h_q": "i32", "topk": "i32"}
+
+
+# Diagnostic copies of the kernel with the producer transposing V (timing only, wrong results):
+# text replacements in its source.
+ABLATIONS = {
+    # no V transpose: the producer publishes the Vᵀ buffers without writing them
+    "new_no_transpose": [("vt.index(v).slice(h * 256, 256, dim=0).store(gl.permute(x, (1, 0)))",
+                          "pass")],
+    # no proxy fence between the wait for a block's copies and the transpose's loads
+    "new_no_prefence": [("mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)\n            fence_async_shared()",
+                         "mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)")],
+    # no gather: every row invalid, so no cp.async copies a byte (softmax of -inf)
+    "new_no_gather": [("return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)",
+                       "return idx, (idx >= 0) & (idx < s_kv) & (j < 0)")],
+}
+
+
+def _ablated(name: str):
+    """A copy of the kernel module with ``ABLATIONS[name]`` applied, imported from a file."""
+    import importlib.util
+    from strictops.ops import _sparse_mla_hopper as hopper
+    source = Path(hopper.__file__).read_text()
+    for old, new in ABLATIONS[name]:
+        assert old in source, (name, old)
+        source = source.replace(old, new)
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def kernels(names=None) -> dict:
+    """name -> (module, tuning) of every variant to compare (those in ``names`` if given)."""
+    from strictops.ops import _sparse_mla_hopper as hopper
+    found = {}
+    try:
+        from strictops.ops import _sparse_mla_gluon as old
+        if getattr(old, "AVAILABLE", True):
+            found["old"] = (old, {})
+    except ImportError:
+        pass
+    found["new"] = (hopper, {})  # the consumers transpose V
+    found["new_prod_tr"] = (hopper, {"tr_cons": False})  # the producer transposes V
+    found["new_tr128"] = (hopper, {"tr_cols": 128})  # the consumers transpose 128 columns a load
+    for name in ABLATIONS:
+        if names is not None and name in names:
+            found[name] = (_ablated(name), {"tr_cons": False})
+    return {k: v for k, v in found.items() if names is None or k in names}
+
+
+def build(module, kernel, d_qk: int, tuning: dict, name: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    constexprs = module.constexprs(d_qk, True, True, True, **tuning)
+    source = GluonASTSource(kernel, SIGNATURE | {k: "constexpr" for k in constexprs},
+                            constexprs, {(i,): [["tt.divisibility", 16]] for i in range(11)})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4,
+                                       "maxnreg": (module.TUNING | tuning)["max_regs"]})
+    ptx = compiled.asm["ptx"]
+    bin_dir = Path(triton.__file__).parent / "backends/nvidia/bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
+        src.write_text(ptx)
+        r = subprocess.run([bin_dir / "ptxas", "-arch=sm_90a", "-v", src, "-o", cubin],
+                           capture_output=True, text=True)
+        sass = subprocess.run([bin_dir / "cuobjdump", "-sass", cubin], capture_output=True,
+                              text=True).stdout
+    facts = " | ".join(line.strip() for line in r.stderr.splitlines()
+                       if any(w in line for w in ("spill", "Used", "C75", "arning")))
+    ops = {}
+    for line in sass.splitlines():
+        hit = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if hit:
+            ops[hit.group(2)] = ops.get(hit.group(2), 0) + 1
+    mmas = sorted(set(re.findall(r"wgmma\.mma_async\.\S+", ptx)))
+    print(f"== {name} d_qk={d_qk}: smem={compiled.metadata.shared} {facts}")
+    print("   setmaxnreg", re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx),
+          "commit_group", ptx.count("wgmma.commit_group"), mmas)
+    top = dict(sorted(ops.items(), key=lambda x: -x[1])[:24])
+    print("   ", top)
+
+
+def run_build() -> None:
+    for name, (module, tuning) in kernels().items():
+        kernel = getattr(module, "sparse_mla_hopper_kernel", None) or module.sparse_mla_ws_kernel
+        for d_qk in contract.D_QKS:
+            try:
+                build(module, kernel, d_qk, tuning, name)
+            except Exception as exc:  # a variant that does not build: report, go on
+                print(f"== {name} d_qk={d_qk}: FAILED {type(exc).__name__}: {str(exc)[-2000:]}")
+
+
+def _call(module, tuning, args):
+    out = args.get("out")
+    buffers = m._allocate(args["q"], args["d_v"], args.get("out"), args.get("max_logits"),
+                          args.get("lse"))[:3]
+    module.launch(*(args[k] for k in m.INPUTS if k != "d_v"), *buffers,
+                  args.get("topk_length_errors"), **tuning)
+    del out
+    return buffers
+
+
+def _errors(outputs, expected) -> dict:
+    out, ml, lse = outputs
+    res = {"out": m.relative_l2(out, expected[0]), "nan": bool(out.isnan().any()
+                                                                or ml.isnan().any()
+                                                                or lse.isnan().any())}
+    for name, got, want in (("max_logits", ml, expected[1]), ("lse", lse, expected[2])):
+        finite = want.isfinite()
+        diff = (got.double()[finite] - want[finite]).abs() / (1 + want[finite].abs())
+        res[name] = float(diff.max()) if diff.numel() else 0.0
+        res[name + "_inf_exact"] = bool(torch.equal(got.double()[~finite], want[~finite]))
+    return res
+
+
+def check_cases(gen):
+    """(name, args) of the correctness cases."""
+    cases = []
+    for d_qk in contract.D_QKS:
+        for variant in ("plain", "topk_length", "attn_sink"):
+            dims = contract.Dims(s_q=96, s_kv=3000, h_q=128, d_qk=d_qk, topk=512,
+                                 with_topk_length=variant != "plain",
+                                 with_attn_sink=variant == "attn_sink", with_buffers=True,
+                                 with_errors=variant != "plain", device="cuda")
+            cases.append((f"{variant}-{d_qk}", m.random_inputs(dims, gen)))
+    for h_q, topk in ((64, 128), (192, 256), (64, 384)):
+        dims = contract.Dims(s_q=33, s_kv=700, h_q=h_q, d_qk=576, topk=topk,
+                             with_topk_length=True, with_attn_sink=True, with_buffers=True,
+                             with_errors=True, device="cuda")
+        cases.append((f"h{h_q}-topk{topk}", m.random_inputs(dims, gen)))
+    for sink in (float("inf"), float("-inf")):
+        dims = contract.Dims(s_q=24, s_kv=500, h_q=64, d_qk=576, topk=256,
+                             with_topk_length=True, with_attn_sink=True, with_buffers=True,
+                             with_errors=True, device="cuda")
+        args = m.random_inputs(dims, gen)
+        args["attn_sink"][::2] = sink
+        cases.append((f"sink{sink}", args))
+    return cases
+
+
+def full_range(shape, gen):
+    """Per-tensor scales with amax -> 448 and logits of std 5 (the benchmark's data)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench_sparse_mla_prefill import full_range_inputs
+    return full_range_inputs(shape, gen)
+
+
+def run_smoke(names) -> None:
+    """One small call per kernel (run under ``timeout``: a hang is the failure it catches)."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    dims = contract.Dims(s_q=8, s_kv=900, h_q=128, d_qk=576, topk=384, with_topk_length=True,
+                         with_attn_sink=True, with_buffers=True, with_errors=True,
+                         device="cuda")
+    args = m.random_inputs(dims, gen)
+    expected = m.reference(**{k: args[k] for k in m.INPUTS})
+    for name, (module, tuning) in kernels(names).items():
+        outputs = _call(module, tuning, dict(args))
+        torch.cuda.synchronize()
+        print(name, m.compare_to_reference(outputs, expected, m.GPU_REL_L2_BOUND,
+                                           m.GPU_LOGIT_TOL), flush=True)
+
+
+def run_gpu(out_dir: Path, names=None) -> None:
+    from triton.testing import do_bench
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = open(out_dir / "results.jsonl", "a")
+
+    def emit(**row):
+        print(json.dumps(row), flush=True)
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+
+    variants = kernels(names)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for case, args in check_cases(gen):
+        expected = m.reference(**{k: args[k] for k in m.INPUTS})
+        # The reference's empty rows with attn_sink = +inf give sigmoid(inf - inf) = NaN;
+        # the contract says 0.
+        expected = (torch.nan_to_num(expected[0], nan=0.0), *expected[1:])
+        for name, (module, tuning) in variants.items():
+            if name == "old" or name in ABLATIONS:  # old: checked by the test suite
+                continue
+            fresh = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+            try:
+                outputs = _call(module, tuning, fresh)
+                torch.cuda.synchronize()
+            except Exception as exc:
+                emit(kind="check", case=case, kernel=name, error=repr(exc)[-500:])
+                continue
+            ok, detail = m.compare_to_reference(outputs, expected, m.GPU_REL_L2_BOUND,
+                                                m.GPU_LOGIT_TOL)
+            errors = fresh.get("topk_length_errors")
+            emit(kind="check", case=case, kernel=name, ok=ok, detail=detail,
+                 counted=None if errors is None else int(errors.item()),
+                 **_errors(outputs, expected))
+    for shape in SHAPES:
+        s_q, s_kv, h_q, d_qk, topk = shape
+        flops = 2 * s_q * h_q * topk * (d_qk + 512)
+        dims = contract.Dims(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, device="cuda")
+        args = m.random_inputs(dims, gen, invalid_fraction=0.0, edge_rows=False)
+        data = {"unit": args}
+        if shape == SHAPES[0]:
+            data["full_range"] = full_range(shape, gen)
+        for data_name, a in data.items():
+            expected = m.reference(**{k: a[k] for k in m.INPUTS})
+            for name, (module, tuning) in variants.items():
+                if name in ABLATIONS and shape != SHAPES[0]:
+                    continue
+                try:
+                    outputs = _call(module, tuning, a)
+                    torch.cuda.synchronize()
+                    errs = _errors(outputs, expected)
+                    us = (do_bench(lambda: _call(module, tuning, a), warmup=50, rep=300,
+                                   return_mode="median") * 1e3 if data_name == "unit" else None)
+                except Exception as exc:
+                    emit(kind="speed", shape=shape, data=data_name, kernel=name,
+                         error=repr(exc)[-500:])
+                    continue
+                emit(kind="speed", shape=shape, data=data_name, kernel=name, us=us,
+                     tflops=None if us is None else flops / us / 1e6, **errs)
+            del expected
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", action="store_true", help="compile for sm_90a only (no GPU)")
+    ap.add_argument("--smoke", action="store_true", help="one small call per kernel")
+    ap.add_argument("--kernels", nargs="*", help="which variants (default: all)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/mla-hopper")))
+    args = ap.parse_args()
+    if args.build:
+        run_build()
+    elif args.smoke:
+        run_smoke(args.kernels)
+    else:
+        t0 = time.time()
+        run_gpu(args.out, args.kernels)
+        print(f"done in {time.time() - t0:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Cached eager launches of compiled Triton and Gluon kernels.
+
+``kernel[grid](*args, **kwargs)`` (``JITFunction.run``, Triton 3.6) does on every call what
+only changes with the kernel's specialisation: it binds the arguments to the signature,
+specialises each one (``native_specialize_impl``), turns the specialisation and the options into
+a string key, checks the kernel's global constants, builds launch metadata for the launch hooks,
+wraps scratch allocation in closures, and in the C launcher calls ``data_ptr()`` and
+``cuPointerGetAttribute`` for every pointer. :class:`Launcher` keeps, per specialisation, the
+compiled kernel's C ``launch`` function, its handle and packed metadata, and per call computes
+only the key and the argument values, then calls ``launch`` directly.
+
+The key is at least as fine as Triton's own specialisation of the same call, which it must be
+(a launch of a kernel compiled for another specialisation corrupts memory):
+
+* a tensor (or a :class:`Pointer`): its dtype and whether ``data_ptr()`` is a multiple of 16
+  (Triton's pointer alignment specialisation);
+* an ``int``: whether it equals 1, whether it is a multiple of 16, and its range (int32, int64,
+  uint64), which decide Triton's ``constexpr``/``"D"`` specialisation and its type;
+* a ``bool``, a ``float``, ``None``: their type (Triton passes floats as fp32, bools as u1,
+  ``None`` as a ``constexpr``);
+* a constexpr parameter: its value (as Triton's own cache, which also takes ``True`` for
+  ``1``);
+* the options (``num_warps``, ``num_stages``, ``maxnreg``, ``launch_pdl``, ...), the current
+  device, and the two global knobs Triton adds to the options (``debug``,
+  ``instrumentation_mode``).
+
+Anything else (tensor subclasses, tuples, tensor descriptors, other types) and any call while a
+launch hook or pre-run hook is installed (profilers) goes through ``JITFunction.run`` unchanged.
+The first call of each key also goes through ``JITFunction.run`` (it compiles and launches),
+then its compiled kernel is kept.
+
+Pointers reach the C launcher as integers (their ``data_ptr()``), which skips the launcher's
+``cuPointerGetAttribute`` check that a pointer is device memory: callers launch only on
+arguments their contract has checked (CUDA tensors on the launch device).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from triton import knobs
+from triton.runtime.driver import driver
+
+__all__ = ["Launcher", "Pointer", "keyword_constexprs"]
+
+class Pointer:
+    """A device address typed as ``dtype``: what a kernel takes as a pointer, without a tensor
+    view to carry the type (``Pointer(t.data_ptr(), torch.uint8)`` for ``t.view(torch.uint8)``
+    of a contiguous ``t``). Triton's own launch path takes it too (``data_ptr()``, ``dtype``)."""
+
+    __slots__ = ("address", "dtype")
+
+    def __init__(self, address: int, dtype: torch.dtype) -> None:
+        self.address = address
+        self.dtype = dtype
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+# One parameter's part of the generated ``arguments`` function: its key ``k{i}`` and the value
+# ``v{i}`` the C launcher takes. An int's key holds what decides Triton's specialisation: whether
+# it is 1, whether a multiple of 16, and its range (int32, int64, uint64; Triton refuses the
+# rest).
+_RUNTIME_PARAMETER = """
+    c = a{i}.__class__
+    if c is Tensor:
+        v{i} = a{i}.data_ptr()
+        k{i} = (a{i}.dtype, not v{i} & 15)
+    elif c is int:
+        v{i} = a{i}
+        k{i} = (a{i} == 1, not a{i} & 15, -0x80000000 <= a{i} < 0x80000000,
+                -0x8000000000000000 <= a{i} < 0x8000000000000000,
+                0 <= a{i} < 0x10000000000000000)
+    elif c is Pointer:
+        v{i} = a{i}.address
+        k{i} = (a{i}.dtype, not v{i} & 15)
+    elif a{i} is None or c is float or c is bool:
+        v{i} = a{i}
+        k{i} = c
+    else:
+        return None, None"""
+
+
+def _arguments_function(constexpr: Sequence[bool]):
+    """``arguments(args) -> (key, values)`` for a kernel whose parameters are constexprs where
+    ``constexpr`` says: the specialisation key of a call (see the module docstring; a
+    constexpr's part is its value) and the values the C launcher takes (pointers as
+    integers), or ``(None, None)`` for an argument only ``JITFunction.run`` handles. Written
+    out parameter by parameter: no loop, no list."""
+    names = [f"a{i}" for i in range(len(constexpr))]
+    body = "".join(_RUNTIME_PARAMETER.format(i=i) for i, c in enumerate(constexpr) if not c)
+    key = ", ".join(f"a{i}" if c else f"k{i}" for i, c in enumerate(constexpr))
+    values = ", ".join(f"a{i}" if c else f"v{i}" for i, c in enumerate(constexpr))
+    source = (f"def arguments(args):\n    {', '.join(names)}, = args{body}\n"
+              f"    return ({key},), ({values},)\n")
+    namespace = {"Tensor": torch.Tensor, "Pointer": Pointer}
+    exec(source, namespace)  # noqa: S102 - generated from the parameter count only
+    return namespace["arguments"]
+
+
+class _Prepared:
+    """One compiled specialisation: the C launch function and what it takes besides the
+    grid, the stream and the argument values."""
+
+    __slots__ = ("kernel", "launch", "head", "scratch", "globals")
+
+    def __init__(self, kernel, globals_used) -> None:
+        run = kernel.run  # CudaLauncher (loads the binary on first access)
+        self.kernel = kernel
+        # Kernels that need scratch memory get it from CudaLauncher.__call__, per call.
+        self.scratch = bool(run.global_scratch_size or run.profile_scratch_size)
+        self.launch = run if self.scratch else run.launch
+        # Everything launch takes between the stream and the argument values: the launch
+        # metadata and the enter and exit hooks are None (no hook is installed).
+        self.head = ((kernel.function, kernel.packed_metadata, None, None, None)
+                     if self.scratch else
+                     (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                      kernel.packed_metadata, None, None, None))
+        self.globals = tuple((name, value, namespace)
+                             for (name, _), (value, namespace) in globals_used.items())
+
+
+class Launcher:
+    """Eager launches of one ``@triton.jit`` or ``@gluon.jit`` kernel, prepared once per
+    specialisation.
+
+    ``launcher(grid, args, options)`` launches like ``kernel[grid](*args, **dict(options))``
+    on the current device and stream, where ``args`` holds every parameter of the kernel in
+    signature order (constexprs included) and ``options`` is a hashable tuple of
+    ``(name, value)`` launch options. Every tensor in ``args`` must be a CUDA tensor on the
+    current device (not checked here). Returns the compiled kernel.
+    """
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.constexpr = tuple(p.is_constexpr for p in fn.params)
+        self.arguments = _arguments_function(self.constexpr)
+        self.prepared: dict[tuple, _Prepared] = {}
+        self._device = None
+        self._stream = None
+
+    def key(self, args: Sequence[Any], options: tuple) -> tuple | None:
+        """The cache key of a call on the current device (tests compare it with Triton's)."""
+        key, _ = self.arguments(args)
+        if key is None:
+            return None
+        return (self._current_device(), options, knobs.runtime.debug,
+                knobs.compilation.instrumentation_mode, key)
+
+    def _current_device(self) -> int:
+        if self._device is None:
+            active = driver.active
+            self._device, self._stream = active.get_current_device, active.get_current_stream
+            if self._device is torch.cuda.current_device:  # the same, without its Python
+                self._device = torch._C._cuda_getDevice
+        return self._device()
+
+    def __call__(self, grid: Sequence[int], args: Sequence[Any], options: tuple = (),
+                 device: int | None = None):
+        """Launch on the current device, or on CUDA device ``device`` when given (made
+        current for the launch if it is not)."""
+        current = self._current_device()
+        if device is not None and device != current:
+            with torch.cuda.device(device):
+                return self(grid, args, options)
+        runtime = knobs.runtime
+        if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls or \
+                self.fn.pre_run_hooks:
+            return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
+        key, values = self.arguments(args)
+        if key is None:
+            return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
+        full_key = (current, options, runtime.debug, knobs.compilation.instrumentation_mode,
+                    key)
+        try:
+            prepared = self.prepared.get(full_key)
+        except TypeError:  # an unhashable constexpr
+            return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
+        if prepared is None:
+            kernel = self.fn.run(*args, grid=grid, warmup=False, **dict(options))
+            if hasattr(kernel, "result"):  # an asynchronous compile
+                kernel = kernel.result()
+            self.prepared[full_key] = _Prepared(kernel, self.fn.used_global_vals)
+            return kernel
+        for name, value, namespace in prepared.globals:
+            if namespace.get(name) != value:  # what JITFunction.run checks on every launch
+                raise RuntimeError(f"Global variable {name} has changed since we compiled "
+                                   f"this kernel, from {value} to {namespace.get(name)}")
+        if len(grid) == 3:
+            grid_0, grid_1, grid_2 = grid
+        else:
+            grid_0, grid_1, grid_2 = grid[0], grid[1] if len(grid) > 1 else 1, 1
+        prepared.launch(grid_0, grid_1, grid_2, self._stream(current), *prepared.head, *values)
+        return prepared.kernel
+
+
+def keyword_constexprs(fn, args: Sequence[Any]) -> tuple[tuple, dict]:
+    """``args`` (every parameter of ``fn`` in signature order) as ``fn[grid](*runtime,
+    **constexprs)`` takes them: the runtime arguments, then the constexprs by name (what
+    ``wrap_triton`` and the interpreter are given)."""
+    runtime = tuple(a for a, p in zip(args, fn.params) if not p.is_constexpr)
+    return runtime, {p.name: a for a, p in zip(args, fn.params) if p.is_constexpr}

@@ -1,0 +1,519 @@
+"""A block-pair Hopper (sm_90) kernel of sparse MLA prefill, in Gluon (``triton.experimental``).
+
+Not the op's default: ``strictops.ops.sparse_mla_prefill`` runs ``_sparse_mla_gluon`` on sm_90,
+which measured 1-5% faster than this kernel on the H200 (``docs/design/sparse_mla_prefill.md``;
+``benchmarks/experiments/sparse_mla_hopper.py`` checks and times both). Importing this module
+needs Gluon's Hopper API (``ImportError`` otherwise). It computes what the op's kernels compute
+(see ``strictops.ops.sparse_mla_prefill``) from the same validated arguments.
+
+Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes token ``pid // (h_q // 64)`` for 64 heads.
+Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with the defaults):
+
+- the producer gathers KV block ``i`` (64 selected rows, ``D_QK`` bytes each) with ``cp.async``
+  into stage ``i % NUM_STAGES``: invalid indices copy nothing (the row is zero-filled) and get
+  a column bias of ``-inf``; the indices come through shared memory (``idx_smem``), copied
+  two blocks ahead;
+- consumer ``c`` (``c`` = 0, 1) owns the blocks ``2p + c`` of each pair ``p``: it computes the
+  whole S = Q·Kᵀ of its block (FP8 ``wgmma`` m64n64k32, fp32 accumulation) and its softmax,
+  writes its P (FP8, scaled by 2⁸ against e4m3's underflow) to shared memory, and runs P·V
+  over both blocks of the pair for its 256 output columns ``[256c, 256c + 256)`` (FP8
+  ``wgmma`` m64n256k32, V transposed to K-major in ``vt``). The row maximum is a one-way
+  chain: consumer 0 publishes ``m0 = max(m, rowmax(S_2p))``, consumer 1 ``m1 = max(m0,
+  rowmax(S_2p+1))``; P of block ``2p`` is relative to ``m0``, of block ``2p + 1`` to ``m1``,
+  and each consumer rescales its O to ``m0`` before the first P·V of a pair and to ``m1``
+  before the second. The second P·V of pair ``p`` is issued with the Q·Kᵀ of pair ``p + 1``.
+- V transpose (``TR_CONS``): each consumer transposes its own half of V of both blocks of a
+  pair into ``vt[0]``/``vt[1]`` while its Q·Kᵀ runs; otherwise the producer transposes block
+  ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``.
+
+Softmax arithmetic is in base 2: ``t = s * scale * log2(e) + bias`` (one FFMA), ``P =
+2^(t - m + 8)``; the row sums ``l`` (fp32, over the unrounded P) carry the same 2⁸, so ``lse =
+(m - 8) ln 2 + ln l`` and ``max_logits = m ln 2``. An empty row (no valid index) gives out = 0,
+max_logits = -inf, lse = +inf, and the attention-sink factor is applied only to rows that saw a
+valid index (so a sink of +inf never meets lse = +inf).
+
+Synchronisation, all by mbarriers in shared memory (phase = use count & 1):
+
+- ``k_ready[s]`` (count 129): the producer's 128 threads' ``cp.async`` completions
+  (``cp.async.mbarrier.arrive.noinc``) and one arrive after the bias row is stored.
+- ``k_free[s]`` (count 2 with ``TR_CONS``, else 1): the owning consumer after its Q·Kᵀ and
+  bias load, and the other consumer after transposing its half of the block (``TR_CONS``;
+  otherwise the producer's own transpose precedes the refill in program order).
+- ``vt_ready[2v + c]`` / ``vt_free[2v + c]`` (count 1, producer transpose only): half ``c``
+  of ``vt[v]``, read by consumer ``c`` only. With ``TR_CONS`` each consumer writes and reads
+  only its own half, after its previous P·V of that buffer has completed.
+- ``mx_bar[c]`` (count 1): the maximum ``m0`` (``c = 0``) or ``m1`` in ``mx[2 (p & 1) + c]``.
+- ``p_bar[c]`` (count 1): P of block ``2p + c`` in ``p_smem[2 (p & 1) + c]``. Consumer 1
+  waits ``p_bar[0]`` before it arrives at ``p_bar[1]``, so neither consumer can complete a
+  barrier's phase twice before the other has waited for it.
+- ``l_bar`` (count 2): the row sums, exchanged once at the end.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+__all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
+
+# 64 heads a CTA, 64 gathered rows a block, 512 latent (V) columns; each consumer owns 256.
+BLOCK_H = 64
+BLOCK_N = 64
+D_V = 512
+# Stages of gathered blocks (3 does not fit beside Q, Vᵀ and P at d_qk = 576), Vᵀ buffers and
+# the producer's transpose lag (producer transpose only; 3 buffers measured no faster), who
+# transposes V (the consumers: 404 against 358 TFLOPS) and how many columns per load (128
+# halves the consumers' barriers; not yet measured), and registers per thread of the
+# consumer and producer warpgroups (2 * consumer_regs + producer_regs <= 3 * max_regs; 216
+# consumer registers spill). Measured on the H200: docs/design/sparse_mla_prefill.md.
+TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
+          "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
+
+_BLOCK_H = gl.constexpr(BLOCK_H)
+_BLOCK_N = gl.constexpr(BLOCK_N)
+_D_V = gl.constexpr(D_V)
+_LN2 = gl.constexpr(0.6931471805599453)
+# P = 2^(t - m + HEADROOM): the largest P is 256, below e4m3's 448, and small P stay normal.
+_HEADROOM = gl.constexpr(8.0)
+
+
+@gluon.jit
+def _load_indices(idx_smem, index_row, i, topk, layout: gl.constexpr):
+    """Start the copy of block ``i``'s 64 indices into ``idx_smem[i % 4]`` and commit it (the
+    group also holds the block copies issued since the last commit)."""
+    j = i * _BLOCK_N + gl.arange(0, _BLOCK_N, layout)
+    async_copy.async_copy_global_to_shared(idx_smem.index(i % 4), index_row + j, mask=j < topk)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _valid_rows(idx_smem, i, n_rows, s_kv, layout: gl.constexpr):
+    """Block ``i``'s indices from ``idx_smem`` in ``layout`` and whether each is valid."""
+    idx = idx_smem.index(i % 4).load(layout)
+    j = i * _BLOCK_N + gl.arange(0, _BLOCK_N, layout)
+    return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)
+
+
+@gluon.jit
+def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
+              idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK: gl.constexpr,
+              NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, LAG: gl.constexpr,
+              TR_CONS: gl.constexpr):
+    """Gather block ``i`` into stage ``i % NUM_STAGES``, then transpose block ``i - LAG``'s V.
+
+    The indices travel through ``idx_smem`` (4 slots), copied two blocks ahead with
+    ``cp.async``: a register prefetch would be moved into the loop-carried register at once,
+    and that move waits for the load."""
+    D_ROPE: gl.constexpr = D_QK - 512
+    gl.static_assert(NUM_STAGES > LAG, "a stage is refilled only after its transpose")
+    # 8 threads cover a row's 128-byte segment (16 bytes, one cp.async, each), so each thread
+    # holds the indices of 4 rows of a block.
+    nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    flat_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    # [64 rows, 64 columns] of V per load: 8 x 4 bytes a thread, stored transposed as 4 groups
+    # of 8 contiguous bytes.
+    tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
+    cols = gl.arange(0, 512, gl.SliceLayout(0, nope_layout))
+    rope_cols = gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
+    index_row = indices_ptr + token * topk
+    n_blocks = 2 * gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)  # never past topk
+    _load_indices(idx_smem, index_row, 0, topk, flat_layout)
+    _load_indices(idx_smem, index_row, 1, topk, flat_layout)
+    for i in range(n_blocks + LAG):
+        if i < n_blocks:
+            s = i % NUM_STAGES
+            async_copy.wait_group(1)  # block i's indices (committed two blocks ago)
+            gl.thread_barrier()
+            idx, valid = _valid_rows(idx_smem, i, n_rows, s_kv, gl.SliceLayout(1, nope_layout))
+            row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK
+            mbarrier.wait(k_free.index(s), ((i // NUM_STAGES) & 1) ^ 1)
+            # A false mask reads no byte and writes zeros (0 * V stays finite).
+            async_copy.async_copy_global_to_shared(
+                k_nope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(cols, 0),
+                mask=gl.expand_dims(valid, 1))
+            if D_ROPE > 0:
+                idx, valid = _valid_rows(idx_smem, i, n_rows, s_kv,
+                                         gl.SliceLayout(1, rope_layout))
+                row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK + 512
+                async_copy.async_copy_global_to_shared(
+                    k_rope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(rope_cols, 0),
+                    mask=gl.expand_dims(valid, 1))
+            _, valid = _valid_rows(idx_smem, i, n_rows, s_kv, flat_layout)
+            bias.index(s).store(gl.where(valid, 0.0, float("-inf")))
+            gl.thread_barrier()
+            mbarrier.arrive(k_ready.index(s))
+            async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
+            _load_indices(idx_smem, index_row, i + 2, topk, flat_layout)
+        if (not TR_CONS) and i >= LAG:
+            b = i - LAG
+            s = b % NUM_STAGES
+            v = b % NUM_VT
+            mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
+            fence_async_shared()
+            for h in gl.static_range(2):
+                mbarrier.wait(vt_free.index(2 * v + h), ((b // NUM_VT) & 1) ^ 1)
+                x = k_nope.index(s).slice(h * 256, 256, dim=1).load(tr_layout)
+                vt.index(v).slice(h * 256, 256, dim=0).store(gl.permute(x, (1, 0)))
+                fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+                gl.thread_barrier()
+                mbarrier.arrive(vt_ready.index(2 * v + h))
+
+
+@gluon.jit
+def _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, i, D_QK: gl.constexpr,
+              NUM_STAGES: gl.constexpr):
+    """Start S = Q·Kᵀ of block ``i`` (asynchronous); returns its token."""
+    s = i % NUM_STAGES
+    mbarrier.wait(k_ready.index(s), (i // NUM_STAGES) & 1)
+    fence_async_shared()  # cp.async writes, then wgmma (async proxy) reads
+    st = warpgroup_mma(q_nope, k_nope.index(s).permute((1, 0)), s_zero, use_acc=False,
+                       is_async=True)
+    if D_QK > 512:
+        st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
+    return st
+
+
+@gluon.jit
+def _issue_pv2(C: gl.constexpr, p, acc, p_smem, vt, vt_ready, p_bar, NUM_VT: gl.constexpr,
+               TR_CONS: gl.constexpr):
+    """Start the second P·V of pair ``p`` (block ``2p + 1``) into ``acc``; returns its token."""
+    b = 2 * p + 1
+    v = b % NUM_VT
+    if not TR_CONS:
+        mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
+    if C == 0:
+        mbarrier.wait(p_bar.index(1), p & 1)
+    return warpgroup_mma(p_smem.index(2 * (p & 1) + 1),
+                         vt.index(v).slice(C * 256, 256, dim=0).permute((1, 0)), acc,
+                         is_async=True)
+
+
+@gluon.jit
+def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx, vt,
+                 k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES: gl.constexpr,
+                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr):
+    """Softmax of this consumer's block ``2p + C`` (S in ``sc``), the max chain, P to shared
+    memory, and the first P·V of pair ``p`` (block ``2p``). Returns ``acc`` and ``l_i``
+    relative to ``m1`` and ``m1``, the pair's final maximum."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    par = p & 1
+    i = 2 * p + C
+    s = i % NUM_STAGES
+    t = sc * scale_log2 + gl.expand_dims(bias.index(s).load(col_s), 0)
+    mbarrier.arrive(k_free.index(s))
+    m_blk = gl.max(t, 1)
+    if C == 0:
+        m_new = gl.maximum(m_run, m_blk)
+        mx.index(2 * par).store(m_new)
+        gl.thread_barrier()
+        mbarrier.arrive(mx_bar.index(0))
+        m0 = m_new
+    else:
+        mbarrier.wait(mx_bar.index(0), par)
+        m0 = mx.index(2 * par).load(row_s)
+        m_new = gl.maximum(m0, m_blk)
+        mx.index(2 * par + 1).store(m_new)
+        gl.thread_barrier()
+        mbarrier.arrive(mx_bar.index(1))
+    # While every row so far was invalid the max is -inf; a reference of 0 keeps
+    # 2^(-inf - ref) at 0 rather than NaN.
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    pr = gl.exp2(t - gl.expand_dims(m_ref - _HEADROOM, 1))
+    l_i = l_i * gl.exp2(m_run - m_ref) + gl.sum(pr, 1)
+    p_smem.index(2 * par + C).store(pr.to(gl.float8e4nv))
+    fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+    gl.thread_barrier()
+    if C == 1:
+        mbarrier.wait(p_bar.index(0), par)
+    mbarrier.arrive(p_bar.index(C))
+    m0_ref = gl.where(m0 == float("-inf"), 0.0, m0)
+    acc = acc * gl.expand_dims(gl.convert_layout(gl.exp2(m_run - m0_ref), row_o), 1)
+    b = 2 * p
+    v = b % NUM_VT
+    if not TR_CONS:
+        mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
+    acc = warpgroup_mma(p_smem.index(2 * par), vt.index(v).slice(C * 256, 256, dim=0)
+                        .permute((1, 0)), acc, is_async=True)
+    if C == 0:
+        mbarrier.wait(mx_bar.index(1), par)
+        m1 = mx.index(2 * par + 1).load(row_s)
+    else:
+        m1 = m_new
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    if not TR_CONS:
+        mbarrier.arrive(vt_free.index(2 * v + C))
+    m1_ref = gl.where(m1 == float("-inf"), 0.0, m1)
+    beta = gl.exp2(m0_ref - m1_ref)
+    acc = acc * gl.expand_dims(gl.convert_layout(beta, row_o), 1)
+    if C == 0:
+        l_i = l_i * beta
+    return acc, m1, l_i
+
+
+@gluon.jit
+def _transpose_pair(C: gl.constexpr, p, k_nope, vt, k_ready, k_free, NUM_STAGES: gl.constexpr,
+                    TR_COLS: gl.constexpr):
+    """Half ``C`` of V of blocks ``2p`` and ``2p + 1``, transposed into rows ``[256C, 256C +
+    256)`` of ``vt[0]`` and ``vt[1]``, ``TR_COLS`` columns per load; releases the other
+    consumer's block."""
+    # [64 rows, 64 columns] per 8 x 4 bytes of a thread, stored transposed as 4 groups of 8
+    # contiguous bytes.
+    tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
+    for q in gl.static_range(2):
+        b = 2 * p + q
+        s = b % NUM_STAGES
+        if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
+            mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
+        for c in gl.static_range(256 // TR_COLS):
+            x = k_nope.index(s).slice(C * 256 + c * TR_COLS, TR_COLS, dim=1).load(tr_layout)
+            vt.index(q).slice(C * 256 + c * TR_COLS, TR_COLS, dim=0).store(
+                gl.permute(x, (1, 0)))
+        if q != C:
+            mbarrier.arrive(k_free.index(s))
+    fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0,
+              h_q, n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
+              p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
+              D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
+              NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr):
+    """Consumer ``C``: blocks ``2p + C``, output columns ``[256C, 256C + 256)``; consumer 1
+    also writes ``max_logits`` and ``lse``."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    # wgmma groups of one Q·Kᵀ: waiting with this many outstanding leaves only them running.
+    QK_GROUPS: gl.constexpr = 2 if D_QK > 512 else 1
+    acc = gl.zeros([_BLOCK_H, 256], gl.float32, o_layout)
+    s_zero = gl.zeros([_BLOCK_H, _BLOCK_N], gl.float32, s_layout)
+    m_run = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([_BLOCK_H], gl.float32, row_s)
+    n_pairs = gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)
+    # Pair 0 is peeled: carrying a Q·Kᵀ token across the loop's back edge makes ptxas
+    # serialise every wgmma.
+    st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, C, D_QK, NUM_STAGES)
+    if TR_CONS:
+        _transpose_pair(C, 0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS)
+    sc = warpgroup_mma_wait(0, deps=(st, ))
+    acc, m_run, l_i = _softmax_pv1(C, 0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
+                                   vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
+                                   NUM_VT, TR_CONS)
+    for p in range(1, n_pairs):
+        pv = _issue_pv2(C, p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
+        st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * p + C, D_QK,
+                       NUM_STAGES)
+        acc = warpgroup_mma_wait(QK_GROUPS, deps=(pv, ))
+        if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite both
+            _transpose_pair(C, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS)
+        else:
+            mbarrier.arrive(vt_free.index(2 * ((2 * p - 1) % NUM_VT) + C))
+        sc = warpgroup_mma_wait(0, deps=(st, ))
+        acc, m_run, l_i = _softmax_pv1(C, p, sc, acc, m_run, l_i, scale_log2, bias, p_smem,
+                                       mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
+                                       NUM_STAGES, NUM_VT, TR_CONS)
+    pv = _issue_pv2(C, n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
+    acc = warpgroup_mma_wait(0, deps=(pv, ))
+
+    lsum.index(C).store(l_i)
+    gl.thread_barrier()
+    mbarrier.arrive(l_bar)
+    mbarrier.wait(l_bar, 0)
+    l_i = l_i + lsum.index(1 - C).load(row_s)
+    seen = l_i > 0  # a valid row: the block holding the maximum adds 2^HEADROOM
+    l_safe = gl.where(seen, l_i, 1.0)
+    lse = gl.where(seen, (m_run - _HEADROOM) * _LN2 + gl.log(l_safe), float("inf"))
+    weight = gl.where(seen, kv_scale / l_safe, 0.0)
+    heads = head0 + gl.arange(0, _BLOCK_H, row_s)
+    if HAS_ATTN_SINK:
+        # exp(lse) / (exp(lse) + exp(sink)) for rows that saw a valid index only: an empty
+        # row (lse = +inf) with sink = +inf would give inf - inf.
+        sink = gl.load(attn_sink_ptr + heads)
+        weight = weight / (1.0 + gl.exp(gl.where(seen, sink - lse, 0.0)))
+    row_of_head = token * h_q + heads
+    if C == 1:
+        gl.store(max_logits_ptr + row_of_head, gl.where(seen, m_run * _LN2, float("-inf")))
+        gl.store(lse_ptr + row_of_head, lse)
+    out = acc * gl.expand_dims(gl.convert_layout(weight, row_o), 1)
+    out_rows = gl.convert_layout(row_of_head, row_o)
+    out_cols = C * 256 + gl.arange(0, 256, gl.SliceLayout(0, o_layout))
+    gl.store(out_ptr + gl.expand_dims(out_rows, 1) * _D_V + gl.expand_dims(out_cols, 0),
+             out.to(gl.bfloat16))
+
+
+@gluon.jit
+def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
+                scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx,
+                lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
+                D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
+                NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr):
+    _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
+              scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum,
+              k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, D_QK, HAS_ATTN_SINK,
+              NUM_STAGES, NUM_VT, TR_CONS, TR_COLS)
+
+
+@gluon.jit
+def sparse_mla_hopper_kernel(
+    q_ptr,
+    kv_ptr,
+    indices_ptr,
+    q_scale_ptr,
+    kv_scale_ptr,
+    attn_sink_ptr,
+    topk_length_ptr,
+    errors_ptr,
+    out_ptr,
+    max_logits_ptr,
+    lse_ptr,
+    sm_scale,
+    s_kv,
+    h_q,
+    topk,
+    D_QK: gl.constexpr,
+    HAS_TOPK_LENGTH: gl.constexpr,
+    HAS_ATTN_SINK: gl.constexpr,
+    HAS_ERRORS: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    NUM_VT: gl.constexpr,
+    LAG: gl.constexpr,
+    TR_CONS: gl.constexpr,
+    TR_COLS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
+    """Attention of one token and 64 heads (CTA ``pid``: token ``pid // (h_q // 64)``).
+
+    Arguments as for ``strictops.ops.sparse_mla_prefill._sparse_mla_prefill_kernel``:
+    q ``[s_q, h_q, D_QK]`` and kv ``[s_kv, 1, D_QK]`` float8e4m3, indices ``[s_q, 1, topk]``
+    int32 (any values), one-element float32 scales, attn_sink ``[h_q]`` float32,
+    topk_length ``[s_q]`` int32 (any values, clamped to ``[0, topk]``), errors ``[1]``
+    int32, out ``[s_q, h_q, 512]`` bf16, max_logits and lse ``[s_q, h_q]`` float32; all
+    contiguous, ``h_q`` a multiple of 64, ``topk`` of 128, ``D_QK`` 512 or 576.
+    """
+    gl.static_assert((not TR_CONS) or NUM_VT == 2, "the consumers transpose into vt[0], vt[1]")
+    head_blocks = h_q // _BLOCK_H
+    pid = gl.program_id(0)
+    token = (pid // head_blocks).to(gl.int64)
+    head_block = pid % head_blocks
+    head0 = head_block * _BLOCK_H
+
+    fp8_smem: gl.constexpr = gl.NVMMASharedLayout(128, 8)
+    fp8_64_smem: gl.constexpr = gl.NVMMASharedLayout(64, 8)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    bar_smem: gl.constexpr = mbarrier.MBarrierLayout()
+    q_nope = gl.allocate_shared_memory(gl.float8e4nv, [_BLOCK_H, 512], fp8_smem)
+    q_rope = gl.allocate_shared_memory(gl.float8e4nv, [_BLOCK_H, 64], fp8_64_smem)
+    k_nope = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, _BLOCK_N, 512], fp8_smem)
+    k_rope = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, _BLOCK_N, 64], fp8_64_smem)
+    vt = gl.allocate_shared_memory(gl.float8e4nv, [NUM_VT, 512, _BLOCK_N], fp8_64_smem)
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [4, _BLOCK_H, _BLOCK_N], fp8_64_smem)
+    bias = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, _BLOCK_N], flat)
+    mx = gl.allocate_shared_memory(gl.float32, [4, _BLOCK_H], flat)
+    lsum = gl.allocate_shared_memory(gl.float32, [2, _BLOCK_H], flat)
+    idx_smem = gl.allocate_shared_memory(gl.int32, [4, _BLOCK_N], flat)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_smem)
+    k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_smem)
+    vt_ready = gl.allocate_shared_memory(gl.int64, [2 * NUM_VT, 1], bar_smem)
+    vt_free = gl.allocate_shared_memory(gl.int64, [2 * NUM_VT, 1], bar_smem)
+    p_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
+    mx_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
+    l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(s), count=129)  # 128 cp.async completions + the bias
+        mbarrier.init(k_free.index(s), count=2 if TR_CONS else 1)
+    for v in gl.static_range(2 * NUM_VT):
+        mbarrier.init(vt_ready.index(v), count=1)
+        mbarrier.init(vt_free.index(v), count=1)
+    for c in gl.static_range(2):
+        mbarrier.init(p_bar.index(c), count=1)
+        mbarrier.init(mx_bar.index(c), count=1)
+    mbarrier.init(l_bar, count=2)
+
+    kv_scale = gl.load(kv_scale_ptr)
+    # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
+    scale_log2 = (sm_scale * gl.load(q_scale_ptr) * kv_scale * 1.4426950408889634).to(
+        gl.float32)
+    n_rows = topk
+    if HAS_TOPK_LENGTH:
+        requested = gl.load(topk_length_ptr + token)
+        n_rows = gl.maximum(gl.minimum(requested, topk), 0)
+        if HAS_ERRORS:
+            out_of_range = (requested < 0) | (requested > topk)
+            gl.atomic_add(errors_ptr, 1, mask=out_of_range & (head_block == 0))
+
+    # Q into shared memory through registers, in four column chunks (few registers live
+    # before warp_specialize hands them out); the proxy fence orders these generic stores
+    # before the consumers' wgmma reads.
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    q_rows = token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, q_layout))
+    q_cols = gl.arange(0, 128, gl.SliceLayout(0, q_layout))
+    for c in gl.static_range(4):
+        q_nope.slice(c * 128, 128, dim=1).store(
+            gl.load(q_ptr + gl.expand_dims(q_rows * D_QK, 1)
+                    + gl.expand_dims(c * 128 + q_cols, 0)))
+    if D_QK > 512:
+        rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        r_rows = token * h_q + head0 + gl.arange(0, _BLOCK_H, gl.SliceLayout(1, rope_layout))
+        r_cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
+        q_rope.store(gl.load(q_ptr + gl.expand_dims(r_rows * D_QK, 1)
+                             + gl.expand_dims(r_cols, 0)))
+    fence_async_shared()
+    gl.thread_barrier()
+
+    gl.warp_specialize([
+        (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
+                     n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
+                     p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
+                     l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS)),
+        (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
+                       n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
+                       p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
+                       l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS)),
+        (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
+                     idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT,
+                     LAG, TR_CONS)),
+    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors: bool,
+               **tuning) -> dict:
+    """The kernel's compile-time arguments for a call (``tuning`` overrides entries of
+    ``TUNING``); ``max_regs`` is a launch option, not among them."""
+    unknown = set(tuning) - set(TUNING)
+    if unknown:
+        raise TypeError(f"unknown tuning keys {sorted(unknown)}; expected some of {sorted(TUNING)}")
+    t = TUNING | tuning
+    return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
+                HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
+                LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"],
+                CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
+
+
+def launch(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
+           max_logits, lse, topk_length_errors, **tuning):
+    """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both);
+    ``tuning`` overrides entries of ``TUNING``. Returns the compiled kernel."""
+    s_q, h_q, d_qk = q.shape
+    return sparse_mla_hopper_kernel[(s_q * (h_q // BLOCK_H),)](
+        q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
+        out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2],
+        **constexprs(d_qk, topk_length is not None, attn_sink is not None,
+                     topk_length_errors is not None, **tuning),
+        num_warps=4, maxnreg=(TUNING | tuning)["max_regs"],
+    )

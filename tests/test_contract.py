@@ -1,0 +1,209 @@
+"""The eager validation with cached verdicts (strictops.meta._contract.CachedValidation).
+
+Every call after a good call has been cached must get exactly the verdict of the full contract:
+the same error type and message, or none. The calls tried differ from the cached one in one
+piece of metadata at a time (each tensor's shape, strides, dtype, device, storage offset and
+None-ness, each scalar's value and type), or break one rule at a time (the contracts' near
+misses). Rows that read more than metadata (tensor values, memory overlap) run on every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from strictops.meta import mamba_state_scatter as mss
+from strictops.meta import conv_window_scatter as cws
+from strictops.meta import sparse_mla_prefill as smp
+from strictops.meta import transport_pool as tp
+from strictops.meta._contract import CachedValidation, Check, Contract
+from strictops.meta._specs import TensorSpec, build
+from strictops.meta.strategies import conv_window_scatter as cws_calls
+from strictops.meta.strategies import mamba_state_scatter as mss_calls
+from strictops.meta.strategies import sparse_mla_prefill as smp_calls
+from strictops.meta.strategies import transport_pool as tp_calls
+from strictops.meta.testing import CAN_NAME_SECOND_GPU, SPARSE_MLA_SECOND_GPU_RULES, fake_mode
+
+CONTRACTS = {"conv_window_scatter": (cws, cws_calls.dims),
+             "mamba_state_scatter": (mss, mss_calls.dims),
+             "sparse_mla_prefill": (smp, smp_calls.dims),
+             "transport_pool": (tp, tp_calls.dims)}
+OTHER_DTYPES = (torch.float32, torch.int32, torch.int64, torch.bfloat16, torch.uint8,
+                torch.float8_e4m3fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class OffsetSpec(TensorSpec):
+    """A tensor that starts ``offset`` elements into its storage."""
+
+    offset: int = 0
+    symbolic = False
+
+    def empty(self) -> torch.Tensor:
+        span = 1 + sum((s - 1) * st for s, st in zip(self.shape, self.strides))
+        base = torch.empty(self.offset + max(span, 0), dtype=self.dtype, device=self.device)
+        return base.as_strided(self.shape, self.strides, self.offset)
+
+
+def _mutations(spec: dict):
+    """``(what, spec)`` pairs, each ``spec`` with one piece of metadata of one argument
+    changed."""
+    devices = ["cpu", "cuda:1" if CAN_NAME_SECOND_GPU else "cuda:0"]
+    for name, s in spec.items():
+        if isinstance(s, TensorSpec):
+            for dim in range(len(s.shape)):
+                grown = tuple(n + 1 if i == dim else n for i, n in enumerate(s.shape))
+                yield f"{name}.shape[{dim}]", {**spec, name: TensorSpec(grown, s.dtype, s.device)}
+                yield f"{name}.stride({dim})", {**spec, name: TensorSpec(
+                    s.shape, s.dtype, s.device).with_gap(dim)}
+            for dtype in OTHER_DTYPES:
+                if dtype != s.dtype:
+                    yield f"{name}.dtype={dtype}", {**spec, name: TensorSpec(s.shape, dtype,
+                                                                             s.device)}
+            for device in devices:
+                if device != s.device:
+                    yield f"{name}.device={device}", {**spec, name: TensorSpec(
+                        s.shape, s.dtype, device)}
+            for offset in (1, 256):
+                yield f"{name}.storage_offset={offset}", {**spec, name: OffsetSpec(
+                    s.shape, s.dtype, s.device, offset=offset)}
+            yield f"{name}=None", {**spec, name: None}
+        elif s is None:
+            yield f"{name}=tensor", {**spec, name: TensorSpec((1,), torch.int32, "cuda:0")}
+        elif isinstance(s, (int, float)) and not isinstance(s, bool):
+            for value in (s + 1, s * 2, 0, -1, float(s) + 0.5):
+                if value != s or type(value) is not type(s):
+                    yield f"{name}={value!r}", {**spec, name: value}
+        elif isinstance(s, str):
+            yield f"{name}=other", {**spec, name: s + "_other"}
+
+
+def _outcome(fn, args: dict):
+    try:
+        fn(**args)
+    except Exception as e:  # noqa: BLE001 - the verdict, whatever it is, is compared
+        return type(e), str(e)
+    return None
+
+
+def _cached(module):
+    validation = CachedValidation(module.CONTRACT, module.ARGUMENTS)
+    return validation, lambda **args: validation(*(args[n] for n in module.ARGUMENTS))
+
+
+def _full_spec(module, dims) -> dict:
+    spec = module.valid_spec(dims)
+    return {n: spec.get(n, tp.OP_NAME if n == "name" else None) for n in module.ARGUMENTS}
+
+
+@pytest.mark.parametrize("stem", sorted(CONTRACTS))
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_single_metadata_changes_get_the_full_verdict(stem, data):
+    module, dims_strategy = CONTRACTS[stem]
+    valid = _full_spec(module, data.draw(dims_strategy()))
+    validation, cached = _cached(module)
+    failures = 0
+    with fake_mode():
+        cached(**build(valid))
+        assert len(validation.passed) == 1
+        for what, spec in _mutations(valid):
+            args = build(spec)
+            want = _outcome(module.CONTRACT.validate, args)
+            assert _outcome(cached, args) == want, what
+            failures += want is not None
+            cached(**build(valid))  # the good call still passes
+    assert failures > 0
+
+
+@pytest.mark.parametrize("stem", sorted(CONTRACTS))
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_near_misses_after_a_cached_call_raise_their_rule(stem, data):
+    module, dims_strategy = CONTRACTS[stem]
+    dims = data.draw(dims_strategy())
+    valid = _full_spec(module, dims)
+    _, cached = _cached(module)
+    with fake_mode():
+        for check in module.CONTRACT.checks:
+            rule = check.rule
+            if check.reads_values:  # never read on fake tensors: test_value_and_memory_rows...
+                continue
+            if module is smp and rule in SPARSE_MLA_SECOND_GPU_RULES and not CAN_NAME_SECOND_GPU:
+                continue
+            cached(**build(valid))
+            spec = module.NEAR_MISSES[rule](module.valid_spec(dims))
+            args = build({n: spec.get(n, valid[n]) for n in module.ARGUMENTS})
+            assert _outcome(cached, args) == module.CONTRACT.expected_error(rule, **args)
+
+
+def test_a_hit_skips_the_metadata_rows():
+    """A cached signature does not run the contract again (what makes it cheap); a rebuilt
+    call with equal metadata is a hit."""
+    validation, cached = _cached(mss)
+    valid = _full_spec(mss, mss.Dims(2, 3, 4, 5, (6,), 7))
+    with fake_mode():
+        cached(**build(valid))
+        validation.contract = SimpleNamespace(validate=lambda **_: pytest.fail("not cached"),
+                                              validate_rows=None)
+        cached(**build(valid))
+
+
+def test_overlap_rows_run_on_every_call():
+    """Overlapping buffers have the metadata signature of separate ones; the overlap rules
+    (``reads_memory``) still refuse them after separate buffers were cached."""
+    dims = smp.Dims(s_q=3, s_kv=50, with_buffers=True, with_errors=True)
+    validation, cached = _cached(smp)
+    with fake_mode():
+        good = build(_full_spec(smp, dims))
+        cached(**good)
+        for rule in ("buffers_alias", "topk_length_errors_alias"):
+            spec = smp.NEAR_MISSES[rule](smp.valid_spec(dims))
+            bad = build(spec)
+            assert validation.signature(*(bad[n] for n in smp.ARGUMENTS)) in validation.passed
+            assert _outcome(cached, bad) == smp.CONTRACT.expected_error(rule, **bad)
+
+
+def _toy_contract() -> Contract:
+    return Contract(op="strictops::toy", stem="toy", checks=(
+        Check("float", lambda a: a.x.dtype == torch.float32, lambda **_: "x must be float32"),
+        Check("nonnegative", lambda a: bool((a.x >= 0).all()),
+              lambda **_: "x must be nonnegative", reads_values=True),
+        Check("disjoint", lambda a: a.y is None or not torch._C._is_alias_of(a.x, a.y),
+              lambda **_: "x and y must not alias", reads_memory=True),
+    ))
+
+
+def test_value_and_memory_rows_run_on_a_hit():
+    validation = CachedValidation(_toy_contract(), ("x", "y"))
+    x, y = torch.ones(4), torch.ones(4)
+    validation(x, y)
+    with pytest.raises(ValueError, match="x must be nonnegative"):
+        validation(-x, y)
+    with pytest.raises(ValueError, match="x and y must not alias"):
+        validation(x, x.view(4))
+    assert len(validation.passed) == 1
+    with pytest.raises(ValueError, match="x must be float32"):
+        validation(x.double(), None)
+
+
+def test_unhashable_or_odd_arguments_are_validated_in_full():
+    contract = Contract(op="strictops::toy", stem="toy", checks=(
+        Check("small", lambda a: len(a.x) < 3, lambda **_: "x must be short"),))
+    validation = CachedValidation(contract, ("x",))
+    validation([1, 2])  # a list: no signature, validated in full, not cached
+    with pytest.raises(ValueError, match="x must be short"):
+        validation([1, 2, 3])
+    assert not validation.passed
+    dtype_only = Contract(op="strictops::toy", stem="toy", checks=_toy_contract().checks[:1])
+    validation = CachedValidation(dtype_only, ("x",))
+    dense = torch.zeros(1).expand(3, 3)  # strides (0, 0), as a sparse tensor reports
+    validation(dense)
+    with pytest.raises(ValueError, match="x must be float32"):
+        validation(torch.eye(3, dtype=torch.float64).to_sparse())
+    validation(torch.eye(3).to_sparse())
+    assert len(validation.passed) == 2  # the layout keeps them apart

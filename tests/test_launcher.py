@@ -1,0 +1,422 @@
+"""The cached launcher (strictops.ops._launcher) against Triton's own launch path, on CPU.
+
+Two checks: its specialisation key is at least as fine as ``JITFunction``'s own specialisation
+(two calls with one key never differ in Triton's), over many random argument sets; and, under
+a recording stand-in for the CUDA driver (the kernels are really compiled for sm_90), a cached
+launch passes the C launcher exactly what ``JITFunction.run`` passes, and a call of another
+specialisation compiles its own kernel; likewise each op's eager launch (the Gluon sparse MLA
+kernel, the mamba scatter, the transport publish) against its ``kernel[grid]`` launch.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.driver import CudaLauncher
+from triton.compiler import make_backend
+from triton.runtime.driver import driver
+from triton.runtime.jit import create_function_from_signature
+
+from strictops.meta.testing import gpu
+from strictops.ops._launcher import Launcher, Pointer
+
+
+@triton.jit(do_not_specialize=["n_plain"], do_not_specialize_on_alignment=["n_unaligned"])
+def _probe_kernel(x_ptr, y_ptr, z_ptr, n, n_plain, n_unaligned, scale, flag, BLOCK: tl.constexpr,
+                  HAS_Z: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    if HAS_Z:
+        x += tl.load(z_ptr + offs, mask=mask)
+    if flag:
+        x = x * scale
+    tl.store(y_ptr + offs, x + n_plain + n_unaligned, mask=mask)
+
+
+TARGET = GPUTarget("cuda", 90, 32)
+BOUNDARY_INTS = [0, 1, 2, 15, 16, 17, 32, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16,
+                 -(2**31), -(2**31) - 1, -(2**31) - 16, 2**63 - 1, 2**63, 2**63 + 16,
+                 -(2**63), 2**64 - 16, 2**64 - 1]
+# Values Triton refuses to specialise (OverflowError): their key differs from every other.
+REFUSED_INTS = [-(2**63) - 16, -(2**63) - 1, 2**64, 2**64 + 16]
+
+
+def _binder(fn):
+    return create_function_from_signature(fn.signature, fn.params, make_backend(TARGET))
+
+
+def _random_args(rng: random.Random, storage: torch.Tensor):
+    def pointer():
+        dtype = rng.choice([torch.float32, torch.float16, torch.int32, torch.uint8])
+        offset = rng.choice([0, 0, 1, 2, 4, 8, 16, 3])  # bytes
+        if rng.random() < 0.25:  # an address typed as dtype, without a view
+            return Pointer(storage.data_ptr() + offset, dtype)
+        return storage[offset:offset + 64].view(dtype) if offset % 4 == 0 or dtype == \
+            torch.uint8 else storage[offset:offset + 64]
+
+    def integer():
+        return rng.choice(BOUNDARY_INTS + [rng.randrange(-2**40, 2**40) * rng.choice([1, 16])])
+
+    return [pointer(), pointer(), rng.choice([None, pointer()]), integer(), integer(), integer(),
+            rng.choice([0.5, 2.0]), rng.choice([True, False]), rng.choice([16, 32]),
+            rng.choice([True, False])]
+
+
+def _int_key(value: int):
+    """The key of an int argument (``n`` of the probe kernel)."""
+    launcher = Launcher(_probe_kernel)
+    return launcher.arguments([None, None, None, value, 5, 7, 0.5, True, 16, False])[0][3]
+
+
+def test_int_key_matches_triton_boundaries():
+    """Every boundary of Triton's int specialisation (1, multiples of 16, the int32 / int64 /
+    uint64 ranges) changes the key."""
+    from triton._C.libtriton import native_specialize_impl
+    backend = type(make_backend(TARGET))
+    seen = {}
+    for value in BOUNDARY_INTS:
+        triton_spec = native_specialize_impl(backend, value, False, True, True)
+        seen.setdefault(_int_key(value), set()).add(triton_spec)
+    assert all(len(specs) == 1 for specs in seen.values()), seen
+    for value in REFUSED_INTS:
+        with pytest.raises(OverflowError):
+            native_specialize_impl(backend, value, False, True, True)
+        assert _int_key(value) not in seen
+
+
+def test_key_is_at_least_as_fine_as_triton_specialisation():
+    rng = random.Random(0)
+    storage = torch.zeros(256, dtype=torch.uint8)
+    binder = _binder(_probe_kernel)
+    launcher = Launcher(_probe_kernel)
+    triton_of_key = {}
+    keys = set()
+    for _ in range(3000):
+        args = _random_args(rng, storage)
+        key, values = launcher.arguments(args)
+        assert key is not None
+        _, specialization, _ = binder(*args)
+        triton_of_key.setdefault(key, set()).add(str(specialization))
+        keys.add(key)
+        # The values passed: pointers as their addresses, everything else as given.
+        assert values == tuple(a.data_ptr() if isinstance(a, (torch.Tensor, Pointer)) else a
+                               for a in args)
+    assert all(len(specs) == 1 for specs in triton_of_key.values())
+    assert len(keys) > 200  # the draws do cover many specialisations
+
+
+def test_unsupported_arguments_have_no_key():
+    launcher = Launcher(_probe_kernel)
+    storage = torch.zeros(64)
+    args = _random_args(random.Random(1), storage.view(torch.uint8))
+    for odd in (torch.nn.Parameter(storage), (1, 2), 1 + 2j, torch.float32):
+        assert launcher.arguments([odd, *args[1:]]) == (None, None)
+
+
+class _RecordingLauncher(CudaLauncher):
+    """CudaLauncher (its real ``__call__``) whose C ``launch`` records its arguments."""
+
+    calls: list = []
+
+    def __init__(self, src, metadata) -> None:
+        self.num_ctas = getattr(metadata, "num_ctas", 1)
+        self.global_scratch_size = metadata.global_scratch_size
+        self.global_scratch_align = metadata.global_scratch_align
+        self.profile_scratch_size = metadata.profile_scratch_size
+        self.profile_scratch_align = metadata.profile_scratch_align
+        self.launch_cooperative_grid = metadata.launch_cooperative_grid
+        self.launch_pdl = metadata.launch_pdl
+        self.launch = lambda *args: _RecordingLauncher.calls.append(args)
+
+
+class _RecordingDriver:
+    launcher_cls = _RecordingLauncher
+
+    def __init__(self) -> None:
+        self.handles = iter(range(1000, 2000))
+        self.utils = SimpleNamespace(
+            load_binary=lambda name, kernel, shared, device: ("module", next(self.handles), 32,
+                                                              0, 1024),
+            get_device_properties=lambda device: {"max_shared_mem": 232448})
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 77
+
+    def get_current_target(self):
+        return TARGET
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+@pytest.fixture
+def recording_driver():
+    fake, previous = _RecordingDriver(), driver._active
+    driver.set_active(fake)
+    _RecordingLauncher.calls = []
+    try:
+        yield fake
+    finally:
+        driver.set_active(previous)  # no CUDA driver here: reset_active() would raise
+
+
+def _fresh_kernel():
+    """A new JITFunction of the probe kernel, so no compiled kernel of another test's driver
+    is reused."""
+    return triton.jit(_probe_kernel.fn, do_not_specialize=["n_plain"],
+                      do_not_specialize_on_alignment=["n_unaligned"])
+
+
+def _as_launched(call):
+    """A recorded launch with every tensor replaced by its address."""
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in call)
+
+
+def test_cached_launch_passes_what_jit_run_passes(recording_driver):
+    fn = _fresh_kernel()
+    launcher = Launcher(fn)
+    storage = torch.zeros(512, dtype=torch.float32)
+    x, y, z = storage[:64], storage[64:128], storage[128:192]
+    options = (("num_warps", 2),)
+    calls = [[x, y, None, 64, 5, 7, 0.5, True, 16, False],
+             [x, y, z, 48, 1, 1, 2.0, False, 16, True],
+             [x, y, None, 64, 9, 33, 0.25, True, 16, False]]
+    for args in calls:
+        launcher((4, 1, 1), args, options)  # first of its key: JITFunction.run
+        first = _RecordingLauncher.calls.pop()
+        launcher((4, 1, 1), args, options)  # cached
+        cached = _RecordingLauncher.calls.pop()
+        fn[(4,)](*args, num_warps=2)
+        reference = _RecordingLauncher.calls.pop()
+        # Triton passes launch metadata and its (empty) hook chains; the rest must be equal.
+        assert cached[:10] == reference[:10] and cached[10:13] == (None, None, None)
+        assert cached[13:] == _as_launched(reference[13:])
+        assert first[:10] == reference[:10] and _as_launched(first[13:]) == _as_launched(
+            reference[13:])
+    # calls 0 and 2 share a specialisation (same dtypes, aligned pointers, no int is 1 or a
+    # multiple of 16 where Triton looks); call 1 (z given, 48 % 16 == 0, n_plain == 1) not.
+    assert len(launcher.prepared) == 2
+
+
+def test_other_alignment_compiles_another_kernel(recording_driver):
+    fn = _fresh_kernel()
+    launcher = Launcher(fn)
+    storage = torch.zeros(512, dtype=torch.float32)
+    aligned = [storage[:64], storage[64:128], None, 64, 5, 7, 0.5, True, 16, False]
+    shifted = [storage[1:65], storage[64:128], None, 64, 5, 7, 0.5, True, 16, False]
+    k_aligned = launcher((1,), aligned, (("num_warps", 2),))
+    k_shifted = launcher((1,), shifted, (("num_warps", 2),))
+    assert k_aligned is not k_shifted and len(launcher.prepared) == 2
+    assert launcher((1,), shifted, (("num_warps", 2),)) is k_shifted
+    # Other options are another specialisation too.
+    assert launcher((1,), aligned, (("num_warps", 4),)) is not k_aligned
+
+
+def test_launch_hooks_take_the_jit_path(recording_driver):
+    from triton import knobs
+    fn = _fresh_kernel()
+    launcher = Launcher(fn)
+    storage = torch.zeros(128, dtype=torch.float32)
+    args = [storage[:64], storage[64:], None, 64, 5, 7, 0.5, True, 16, False]
+    launcher((1,), args)
+    launcher((1,), args)
+    assert _RecordingLauncher.calls.pop()[11] is None  # cached: no hooks
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launcher((1,), args)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    # JITFunction.run passed its hook chain, which the C launcher calls.
+    assert _RecordingLauncher.calls.pop()[11] is knobs.runtime.launch_enter_hook
+
+
+def test_changed_global_raises_as_triton_does(recording_driver):
+    fn = triton.jit(_global_kernel.fn)
+    launcher = Launcher(fn)
+    x = torch.zeros(16)
+    launcher((1,), [x])
+    global _SCALE
+    try:
+        _SCALE = tl.constexpr(3)
+        with pytest.raises(RuntimeError, match="Global variable _SCALE has changed"):
+            launcher((1,), [x])
+    finally:
+        _SCALE = tl.constexpr(2)
+
+
+_SCALE = tl.constexpr(2)
+
+
+@triton.jit
+def _global_kernel(x_ptr):
+    offs = tl.arange(0, 16)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs) * _SCALE)
+
+
+# The ops' eager launches against their JIT launches, under the recording driver: each op's
+# kernel is compiled for sm_90 here (the Gluon one included), launched through the op's own
+# eager code with a fresh launcher, and the C launcher must get what JITFunction.run gives it.
+
+
+def _eager_and_jit(launch_eager, launch_jit):
+    launch_eager()  # first of its key: JITFunction.run
+    _RecordingLauncher.calls.clear()
+    launch_eager()
+    eager = list(_RecordingLauncher.calls)
+    _RecordingLauncher.calls.clear()
+    launch_jit()
+    jit = list(_RecordingLauncher.calls)
+    assert len(eager) == len(jit) > 0
+    for cached, reference in zip(eager, jit):
+        assert cached[:10] == reference[:10] and cached[10:13] == (None, None, None)
+        assert cached[13:] == _as_launched(reference[13:])
+
+
+def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch):
+    from strictops.ops import _sparse_mla_gluon as ws
+    from strictops.ops import sparse_mla_prefill as sparse
+    if not ws.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(ws, "_LAUNCHER", Launcher(ws.sparse_mla_ws_kernel))
+    q = torch.zeros(2, 64, 576, dtype=torch.float8_e4m3fn)
+    kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
+    indices = torch.zeros(2, 1, 128, dtype=torch.int32)
+    lengths, scale = torch.zeros(2, dtype=torch.int32), torch.ones(1)
+    out, stats = torch.zeros(2, 64, 512, dtype=torch.bfloat16), torch.zeros(2, 2, 64)
+    call = (q, kv, indices, 0.04, scale, scale, None, lengths, out, stats[0], stats[1], None)
+    grid, runtime = sparse._runtime_arguments(*call)
+    _eager_and_jit(lambda: ws.launch_eager(grid, runtime, 576, True, False, False, 0),
+                   lambda: ws.launch(*call))
+
+
+def test_mamba_scatter_eager_launch(recording_driver, monkeypatch):
+    from strictops.ops import mamba_state_scatter as mss
+    monkeypatch.setattr(mss, "_LAUNCHER", Launcher(mss._scatter_kernel))
+    dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    call = (dst, src, slots, steps, None)
+    grid, args = mss._arguments(*call)
+    _eager_and_jit(lambda: mss._LAUNCHER(grid, args, mss._OPTIONS, 0),
+                   lambda: mss._launch(mss._scatter_kernel, *call))
+
+
+@pytest.mark.parametrize("src_indices", [False, True])
+def test_conv_window_scatter_eager_launch(recording_driver, monkeypatch, src_indices):
+    from strictops.ops import conv_window_scatter as cws
+    monkeypatch.setattr(cws, "_LAUNCHER", Launcher(cws._scatter_kernel))
+    dst = torch.zeros(2, 5, 19, 3, dtype=torch.bfloat16)
+    src = cws.window_view(torch.zeros(2, 4, 19, 3 + 3 - 1, dtype=torch.bfloat16), 3, 3)
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    call = (dst, src, slots, steps, slots if src_indices else None)
+    grid, args = cws._arguments(*call)
+    _eager_and_jit(lambda: cws._LAUNCHER(grid, args, cws._OPTIONS, 0),
+                   lambda: cws._launch(cws._scatter_kernel, *call))
+
+
+@pytest.mark.parametrize("second_set", [False, True])
+def test_conv_window_scatter_multi_eager_launch(recording_driver, monkeypatch, second_set):
+    from strictops.ops import conv_window_scatter as cws
+    from strictops.ops import conv_window_scatter_multi as multi
+    monkeypatch.setattr(multi, "_LAUNCHER", Launcher(multi._scatter_multi_kernel))
+    pairs = [(torch.zeros(2, 5, dim, km1, dtype=dtype),
+              cws.window_view(torch.zeros(2, 4, dim, 3 + km1 - 1, dtype=dtype), 3, km1))
+             for dim, km1, dtype in ((19, 3, torch.bfloat16), (7, 2, torch.float32))]
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    call = (pairs, slots, steps, *((steps, slots) if second_set else (None, None)))
+    grid, args = multi._arguments(*call)
+    _eager_and_jit(lambda: multi._LAUNCHER(grid, args, multi._OPTIONS, 0),
+                   lambda: multi._launch(multi._scatter_multi_kernel, *call))
+
+
+@pytest.mark.parametrize("nbytes", [1000, 3 << 20])
+def test_transport_eager_launch(recording_driver, monkeypatch, nbytes):
+    """One launch up to EAGER_TWO_LAUNCHES_ABOVE (the op's own choice would be two at 3 MiB)."""
+    from strictops.meta import transport_pool as contract
+    from strictops.ops import transport_pool as tp
+    monkeypatch.setattr(tp, "_LAUNCHER", Launcher(tp._publish_kernel))
+    monkeypatch.setattr(tp, "_has_pdl", lambda index: True)
+    start = contract.data_start(4, 2)
+    pool = torch.zeros(start + nbytes + 256, dtype=torch.uint8)
+    src, state = torch.zeros(nbytes, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.int32)
+    lease = contract.Lease(start, start + nbytes, nbytes, 1, 7, 12, 16)
+    row = Pointer(state.data_ptr() + 8, torch.int32)
+    _eager_and_jit(lambda: tp.launch_eager(pool, src, row, 4, 2, lease),
+                   lambda: tp._launch(tp._publish_kernel, pool, src, state[1], state[1], 4, 2,
+                                      values=lease, two_launches=False))
+
+
+# On a GPU: eager calls whose pointers are not 16-byte aligned get a kernel of their own and
+# the right result; the eager path and the dispatcher's give the same bits.
+
+
+@gpu
+def test_gpu_mamba_scatter_misaligned_dst_view():
+    from strictops.ops import fused_mamba_state_scatter_with_mask
+    from strictops.ops import mamba_state_scatter as mss
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (3, 9, 4, 8)
+    src = torch.randn(3, 5, 2, 4, 8, device="cuda", generator=gen)
+    slots = torch.tensor([4, 0, 7, 4], dtype=torch.int32, device="cuda")
+    steps = torch.tensor([1, 0, -1, 0], dtype=torch.int64, device="cuda")
+    for offset in (0, 1, 0, 3):  # elements (4 bytes): aligned, not, aligned again, not
+        base = torch.randn(offset + 3 * 9 * 4 * 8, device="cuda", generator=gen)
+        dst = base[offset:].view(shape)
+        expected = mss.reference(dst, src, slots, steps)
+        fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+        assert torch.equal(dst, expected), offset
+    aligned = {key[-1][0][1] for key in mss._LAUNCHER.prepared}  # dst's alignment bit
+    assert {True, False} <= aligned
+
+
+@gpu
+def test_gpu_copy_tensor_misaligned_source():
+    from strictops.meta.transport_pool import data_start
+    from strictops.ops import TransportPool
+    pool = TransportPool(data_start(4, 1) + (4 << 20), device="cuda:0", max_inflight_slices=4,
+                         consumer_count=1, recycle_interval=None, name="launcher-test")
+    try:
+        base = torch.randint(0, 256, ((2 << 20) + 7,), dtype=torch.uint8, device="cuda")
+        for offset, nbytes in ((0, 4096), (1, 4096), (3, 1000), (5, 2 << 20)):
+            src = base[offset:offset + nbytes]
+            lease, view = pool.copy_tensor(src)
+            torch.cuda.synchronize()
+            assert torch.equal(view, src), (offset, nbytes)
+            ready = pool.tensor[lease.ready_byte_offset:lease.ready_byte_offset + 4]
+            assert int(ready.view(torch.int32)) == lease.generation
+            pool.release(lease)
+        assert pool.error_count() == 0
+    finally:
+        pool.shutdown()
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["auto", "triton"])
+def test_gpu_sparse_mla_eager_equals_dispatcher(monkeypatch, kernel):
+    from strictops.meta import sparse_mla_prefill as smp
+    from strictops.ops import sparse_mla_prefill as sparse
+    monkeypatch.setattr(sparse, "KERNEL", kernel)
+    dims = smp.Dims(s_q=5, s_kv=700, h_q=128, d_qk=576, topk=256, with_attn_sink=True,
+                    device="cuda")
+    args = sparse.random_inputs(dims, torch.Generator(device="cuda").manual_seed(1))
+    args.pop("topk_length_errors")
+    for name in smp.BUFFERS:
+        args.pop(name)
+    eager = sparse.sparse_mla_q8kv8_prefill_fwd(**args)
+    eager_again = sparse.sparse_mla_q8kv8_prefill_fwd(**args)  # the cached launch
+    through = torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(
+        *(args.get(n) for n in smp.ARGUMENTS))
+    for a, b, c in zip(eager, eager_again, through):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    max_logits, lse = eager[1], eager[2]  # the two halves of one allocation
+    assert max_logits.untyped_storage().data_ptr() == lse.untyped_storage().data_ptr()
