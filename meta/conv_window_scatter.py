@@ -118,6 +118,10 @@ PAIR_RULES: dict[str, tuple[Callable, Callable]] = {
 }
 
 
+# Rows that read the storage's size, which a cached verdict's metadata signature does not hold.
+READS_MEMORY = frozenset({"src_inside_storage", "dst_inside_storage"})
+
+
 def pair_check(rule: str, op: str, pairs: Callable, prefix: Callable[[int], str]) -> Check:
     """``PAIR_RULES[rule]`` as a contract row: it holds when it holds for every pair of
     ``pairs(a)``, and its message names the first pair that breaks it (``prefix(i)``)."""
@@ -134,7 +138,7 @@ def pair_check(rule: str, op: str, pairs: Callable, prefix: Callable[[int], str]
         i = next((i for i, (d, s) in enumerate(views) if not hint(ok(d._t, s._t))), 0)
         return prefix(i) + message(op, *views[i])
 
-    return Check(rule, holds, text)
+    return Check(rule, holds, text, reads_memory=rule in READS_MEMORY)
 
 
 def _one_pair(a):
@@ -178,6 +182,8 @@ CHECKS = (
 
 CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="conv_window_scatter", checks=CHECKS,
                     mutates=("dst",))
+# The public function's arguments, in order (the cached eager validation's signature).
+ARGUMENTS = ("dst", "src", "dst_indices_raw", "step_indices_raw", "src_indices_raw")
 
 
 def validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None) -> None:

@@ -38,9 +38,12 @@ from torch.library import triton_op, wrap_triton
 
 from strictops.meta import conv_window_scatter as contract
 
+from strictops.meta._contract import CachedValidation
+
 from . import mamba_state_scatter
 from ._dispatch import can_skip_dispatcher, on_device_of
 from ._interpret import interpreted
+from ._launcher import Launcher, keyword_constexprs
 
 __all__ = [
     "fused_conv_window_scatter_with_mask",
@@ -157,22 +160,31 @@ def block_dim(element_size: int, block_bytes: int) -> int:
     return max(block_bytes // (BLOCK_WIN * element_size), 16)
 
 
-def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-            block_bytes=TUNING["block_bytes"], num_warps=TUNING["num_warps"]):
-    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
+def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
+               block_bytes=TUNING["block_bytes"]):
+    """The grid and every kernel parameter, in signature order, of a call on validated inputs
+    (on the eager hot path: each piece of metadata read once)."""
     shape, dst_strides, src_shape, s = dst.shape, dst.stride(), src.shape, src.stride()
     rows = block_dim(dst.element_size(), block_bytes)
     n_requests = step_indices_raw.shape[0]
     src_idx = step_indices_raw if src_indices_raw is None else src_indices_raw
     grid = (n_requests * ((shape[2] + rows - 1) // rows), shape[0], 1)
-    kernel[grid](
+    return grid, (
         dst, src, dst_indices_raw, step_indices_raw, src_idx,
         n_requests, shape[1], src_shape[1], src_shape[2], shape[2], shape[3],
         dst_strides[0], dst_strides[1], s[0], s[1], s[2], s[3], s[4],
         dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
-        HAS_SRC_INDICES=src_indices_raw is not None, BLOCK_DIM=rows, BLOCK_WIN=BLOCK_WIN,
-        SCAN=SCAN, num_warps=num_warps,
+        src_indices_raw is not None, rows, BLOCK_WIN, SCAN,
     )
+
+
+def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
+            block_bytes=TUNING["block_bytes"], num_warps=TUNING["num_warps"]):
+    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
+    grid, args = _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
+                            block_bytes)
+    runtime, constexprs = keyword_constexprs(_scatter_kernel, args)
+    kernel[grid](*runtime, **constexprs, num_warps=num_warps)
 
 
 def _forward(kernel, real_launch, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
@@ -180,6 +192,20 @@ def _forward(kernel, real_launch, dst, src, dst_indices_raw, step_indices_raw, s
     contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
     with on_device_of(dst, real_launch):
         _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+
+
+# The eager path: the contract's verdict cached per metadata signature (the storage-reach rows
+# run on every call), the kernel launched through its cached launcher
+# (strictops.ops._launcher); the same rules and the same launch.
+_VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
+_LAUNCHER = Launcher(_scatter_kernel)
+_OPTIONS = (("num_warps", TUNING["num_warps"]),)
+
+
+def _eager(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
+    _VALIDATION(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    grid, args = _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+    _LAUNCHER(grid, args, _OPTIONS, dst.get_device())
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -231,8 +257,7 @@ def fused_conv_window_scatter_with_mask(
     before launch in eager mode and at trace time under ``torch.compile``/``torch.export``.
     """
     if can_skip_dispatcher(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
-        _forward(_scatter_kernel, True, dst, src, dst_indices_raw, step_indices_raw,
-                 src_indices_raw)
+        _eager(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
         torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!) args
         return
     torch.ops.strictops.fused_conv_window_scatter_with_mask(

@@ -37,6 +37,7 @@ from strictops.meta import conv_window_scatter_multi as contract
 from . import conv_window_scatter as one
 from ._dispatch import can_skip_dispatcher, on_device_of
 from ._interpret import interpreted
+from ._launcher import Launcher, keyword_constexprs
 from .conv_window_scatter import copy_window, request_is_valid, written_later
 
 __all__ = [
@@ -136,10 +137,10 @@ def _scatter_multi_kernel(
 PAIR_ARGS = 11
 
 
-def _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-            step_indices2_raw, block_bytes=one.TUNING["block_bytes"],
-            num_warps=one.TUNING["num_warps"]):
-    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
+def _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw,
+               block_bytes=one.TUNING["block_bytes"]):
+    """The grid and every kernel parameter, in signature order, of a call on validated
+    inputs."""
     rows = one.block_dim(max(d.element_size() for d, _ in pairs), block_bytes)
     pair_args, chunks = [], 1
     for dst, src in pairs:
@@ -155,15 +156,24 @@ def _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
     n1 = step_indices_raw.shape[0]
     dst0, src0 = pairs[0]
     grid = ((n1 + n2) * chunks, dst0.shape[0], len(pairs))
-    kernel[grid](
+    return grid, (
         dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw,
         n1, n2, dst0.shape[1], src0.shape[1], src0.shape[2], chunks,
         dst_indices_raw.stride(0), step_indices_raw.stride(0), dst_indices2_raw.stride(0),
         step_indices2_raw.stride(0),
         *pair_args,
-        NUM_PAIRS=len(pairs), BLOCK_DIM=rows, BLOCK_WIN=one.BLOCK_WIN, SCAN=one.SCAN,
-        num_warps=num_warps,
+        len(pairs), rows, one.BLOCK_WIN, one.SCAN,
     )
+
+
+def _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+            step_indices2_raw, block_bytes=one.TUNING["block_bytes"],
+            num_warps=one.TUNING["num_warps"]):
+    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
+    grid, args = _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+                            step_indices2_raw, block_bytes)
+    runtime, constexprs = keyword_constexprs(_scatter_multi_kernel, args)
+    kernel[grid](*runtime, **constexprs, num_warps=num_warps)
 
 
 def _forward(kernel, real_launch, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
@@ -174,6 +184,21 @@ def _forward(kernel, real_launch, pairs, dst_indices_raw, step_indices_raw, dst_
     with on_device_of(pairs[0][0], real_launch):
         _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
                 step_indices2_raw)
+
+
+# The eager path: the kernel launched through its cached launcher (strictops.ops._launcher).
+# The contract runs in full on every call: a list of pairs has no hashable metadata signature
+# for a cached verdict (strictops.meta._contract.CachedValidation).
+_LAUNCHER = Launcher(_scatter_multi_kernel)
+_OPTIONS = (("num_warps", one.TUNING["num_warps"]),)
+
+
+def _eager(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw):
+    contract.validate(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+                      step_indices2_raw)
+    grid, args = _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+                            step_indices2_raw)
+    _LAUNCHER(grid, args, _OPTIONS, pairs[0][0].get_device())
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -247,8 +272,7 @@ def fused_conv_window_scatter_multi(
     pairs = [(dst, src) for dst, src in pairs]
     if can_skip_dispatcher(*(t for pair in pairs for t in pair), dst_indices_raw,
                            step_indices_raw, dst_indices2_raw, step_indices2_raw):
-        _forward(_scatter_multi_kernel, True, pairs, dst_indices_raw, step_indices_raw,
-                 dst_indices2_raw, step_indices2_raw)
+        _eager(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw)
         for dst, _ in pairs:
             torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!)
         return

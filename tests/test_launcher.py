@@ -311,6 +311,34 @@ def test_mamba_scatter_eager_launch(recording_driver, monkeypatch):
                    lambda: mss._launch(mss._scatter_kernel, *call))
 
 
+@pytest.mark.parametrize("src_indices", [False, True])
+def test_conv_window_scatter_eager_launch(recording_driver, monkeypatch, src_indices):
+    from strictops.ops import conv_window_scatter as cws
+    monkeypatch.setattr(cws, "_LAUNCHER", Launcher(cws._scatter_kernel))
+    dst = torch.zeros(2, 5, 19, 3, dtype=torch.bfloat16)
+    src = cws.window_view(torch.zeros(2, 4, 19, 3 + 3 - 1, dtype=torch.bfloat16), 3, 3)
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    call = (dst, src, slots, steps, slots if src_indices else None)
+    grid, args = cws._arguments(*call)
+    _eager_and_jit(lambda: cws._LAUNCHER(grid, args, cws._OPTIONS, 0),
+                   lambda: cws._launch(cws._scatter_kernel, *call))
+
+
+@pytest.mark.parametrize("second_set", [False, True])
+def test_conv_window_scatter_multi_eager_launch(recording_driver, monkeypatch, second_set):
+    from strictops.ops import conv_window_scatter as cws
+    from strictops.ops import conv_window_scatter_multi as multi
+    monkeypatch.setattr(multi, "_LAUNCHER", Launcher(multi._scatter_multi_kernel))
+    pairs = [(torch.zeros(2, 5, dim, km1, dtype=dtype),
+              cws.window_view(torch.zeros(2, 4, dim, 3 + km1 - 1, dtype=dtype), 3, km1))
+             for dim, km1, dtype in ((19, 3, torch.bfloat16), (7, 2, torch.float32))]
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    call = (pairs, slots, steps, *((steps, slots) if second_set else (None, None)))
+    grid, args = multi._arguments(*call)
+    _eager_and_jit(lambda: multi._LAUNCHER(grid, args, multi._OPTIONS, 0),
+                   lambda: multi._launch(multi._scatter_multi_kernel, *call))
+
+
 @pytest.mark.parametrize("nbytes", [1000, 3 << 20])
 def test_transport_eager_launch(recording_driver, monkeypatch, nbytes):
     """One launch up to EAGER_TWO_LAUNCHES_ABOVE (the op's own choice would be two at 3 MiB)."""
