@@ -97,7 +97,15 @@ def _full_spec(call: Call) -> dict:
             for n in module.ARGUMENTS}
 
 
-@pytest.mark.parametrize("op", strategies.OPS)
+
+# The ops whose eager path caches its contract's verdict: their contract module names the
+# validation's arguments (``ARGUMENTS``). An op taking a list of tensors (the multi-pair conv
+# window scatter) runs its whole contract on every call.
+CACHED_OPS = tuple(op for op in strategies.OPS
+                   if hasattr(strategies.MODULES[op].contract, "ARGUMENTS"))
+
+
+@pytest.mark.parametrize("op", CACHED_OPS)
 @SETTINGS
 @given(data=st.data())
 def test_single_metadata_changes_get_the_full_verdict(op, data):
@@ -118,7 +126,7 @@ def test_single_metadata_changes_get_the_full_verdict(op, data):
     assert failures > 0
 
 
-@pytest.mark.parametrize("op", strategies.OPS)
+@pytest.mark.parametrize("op", CACHED_OPS)
 @SETTINGS
 @given(data=st.data())
 def test_near_misses_after_a_cached_call_raise_their_rule(op, data):
