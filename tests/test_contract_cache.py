@@ -97,7 +97,6 @@ def _full_spec(call: Call) -> dict:
             for n in module.ARGUMENTS}
 
 
-
 # The ops whose eager path caches its contract's verdict: their contract module names the
 # validation's arguments (``ARGUMENTS``). An op taking a list of tensors (the multi-pair conv
 # window scatter) runs its whole contract on every call.
