@@ -216,6 +216,19 @@ class PoolHandle:
     consumers: str = contract.PEERS
 
 
+def lease_words(lease: Optional[Lease], ready_byte_offset: Optional[int],
+                ack_byte_offset: Optional[int], generation: Optional[int]) -> tuple[int, int, int]:
+    """``(ready_byte_offset, ack_byte_offset, generation)`` of a lease given whole or as
+    sglang's three keywords (all three, and no lease); ``TypeError`` for any other mix."""
+    keywords = (ready_byte_offset, ack_byte_offset, generation)
+    if lease is not None and all(k is None for k in keywords):
+        return lease.ready_byte_offset, lease.ack_byte_offset, lease.generation
+    if lease is None and all(k is not None for k in keywords):
+        return keywords
+    raise TypeError("cancel_lease takes a lease, or ready_byte_offset, ack_byte_offset "
+                    "and generation")
+
+
 class TransportPool:
     """The producer's side: a CUDA byte pool, its leases, the publish, the recycler, and the
     consumers' liveness.
@@ -401,14 +414,8 @@ class TransportPool:
         not a slot's ready and first ack word (``Invalid {name} pool lease offsets``) and for a
         lease that is not live (``Cannot cancel inactive {name} pool lease (...)``).
         """
-        keywords = (ready_byte_offset, ack_byte_offset, generation)
-        if (lease is None) == all(k is not None for k in keywords) or (
-                lease is not None and any(k is not None for k in keywords)):
-            raise TypeError("cancel_lease takes a lease, or ready_byte_offset, ack_byte_offset "
-                            "and generation")
-        if lease is not None:
-            ready_byte_offset, ack_byte_offset, generation = (
-                lease.ready_byte_offset, lease.ack_byte_offset, lease.generation)
+        ready_byte_offset, ack_byte_offset, generation = lease_words(
+            lease, ready_byte_offset, ack_byte_offset, generation)
         stride = self.allocator.slot_bytes
         if (ready_byte_offset < 0 or ready_byte_offset % stride
                 or ready_byte_offset // stride >= self.max_inflight_slices

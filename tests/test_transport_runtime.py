@@ -712,3 +712,14 @@ def test_abort_kernel_compiles_to_a_system_scope_compare_and_swap():
         ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
         assert ("atom.global.acq_rel.sys.cas.b32" in ptx) == abort  # settle() writes nothing
         assert "ld.volatile.global.b32" in ptx
+
+
+def test_cancel_lease_takes_a_lease_or_all_three_sglang_keywords():
+    lease = contract.Lease(start=64, end=128, nbytes=64, slot=1, generation=7,
+                           ready_byte_offset=16, ack_byte_offset=20)
+    assert runtime.lease_words(lease, None, None, None) == (16, 20, 7)
+    assert runtime.lease_words(None, 16, 20, 7) == (16, 20, 7)
+    for mix in [(None, None, None, None), (None, 16, 20, None), (None, 16, None, None),
+                (lease, 16, 20, 7), (lease, None, None, 7)]:
+        with pytest.raises(TypeError, match="cancel_lease takes a lease, or ready_byte_offset"):
+            runtime.lease_words(*mix)
