@@ -607,6 +607,7 @@ def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict
         "state": new_state(device),
         "max_inflight_slices": dims.max_inflight_slices,
         "consumer_count": dims.consumer_count,
+        "consumers": contract.PEERS,
     }
 
 
