@@ -7,6 +7,11 @@ contracts, so the tests exercise exactly the input space each contract declares.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+
 import pytest
 import torch
 
@@ -109,6 +114,24 @@ def capture_cuda_graph(fn, *args, **kwargs):
     return graph, result
 
 
+def run_script(args: list, timeout: float, tail: int = 4000) -> subprocess.CompletedProcess:
+    """Run ``args`` in a session of its own, its output captured; returns the completed
+    process. Past ``timeout`` seconds the whole session is killed (the processes the script
+    started too: they hold its output pipes, and waiting for them would outlast any bound) and
+    ``AssertionError`` is raised with the last ``tail`` characters of what it printed."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):  # every process of it had ended
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(map(str, args))} ran past {timeout:g} s and was "
+                             f"killed; it printed:\n{out[-tail:]}\n{err[-tail:]}") from None
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
 class _GraphCaptured(Exception):
     pass
 
@@ -171,6 +194,7 @@ __all__ = [
     "multi_gpu",
     "near_miss_message",
     "raised",
+    "run_script",
 ]
 
 

@@ -58,3 +58,17 @@ def write_value32(stream: torch.cuda.Stream, address: int, value: int) -> None:
         _check(_driver().cuStreamWriteValue32(stream.cuda_stream, address, value,
                                               WRITE_VALUE_DEFAULT),
                "cuStreamWriteValue32")
+
+
+def relax_capture_mode() -> None:
+    """Let the calling thread synchronize and copy to the host while another thread of the
+    process captures a CUDA graph (``cuThreadExchangeStreamCaptureMode`` to
+    ``CU_STREAM_CAPTURE_MODE_RELAXED``, for this thread only, for good).
+
+    A capture in the default global mode (``torch.cuda.graph``'s ``capture_error_mode``)
+    forbids every other thread a potentially unsafe call, such as a synchronous copy to the
+    host, and is invalidated by one. The pool's recycler and a consumer's watchdog make such
+    calls on streams of their own, which the capture does not touch."""
+    driver = _driver()
+    relaxed = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    _check(driver.cuThreadExchangeStreamCaptureMode(relaxed), "cuThreadExchangeStreamCaptureMode")

@@ -47,6 +47,8 @@ import triton.language as tl
 
 from strictops.meta.transport_pool import WORD_BYTES, Lease
 
+from . import _cuda_stream
+
 logger = logging.getLogger(__name__)
 
 ABORTED = -(2**31)
@@ -398,6 +400,12 @@ class WaitWatchdog:
     def _run(self) -> None:
         if self.words.is_cuda:
             torch.cuda.set_device(self.words.device)
+            # A pass syncs its stream: allowed during another thread's graph capture only so.
+            try:
+                _cuda_stream.relax_capture_mode()
+            except Exception:  # the passes still run; a capture meanwhile may fail
+                logger.warning("%s consumer watchdog: capture mode not relaxed", self.name,
+                               exc_info=True)
         while True:
             with self._cond:
                 while not self._closed and self._pending and (

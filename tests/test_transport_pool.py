@@ -15,7 +15,6 @@ from __future__ import annotations
 import ast
 import inspect
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -40,6 +39,7 @@ from strictops.meta.testing import (
     multi_gpu,
     near_miss_message,
     raised,
+    run_script,
 )
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops import transport_pool as op
@@ -632,11 +632,10 @@ def test_gpu_cancel_lease_and_background_recycler():
 
 
 def _run_ipc_driver(mode: str, transfers: str, devices: tuple[int, ...]) -> None:
-    result = subprocess.run([sys.executable, str(IPC_DRIVER), "--mode", mode, "--transfers",
-                             transfers, "--consumer-devices", *map(str, devices)],
-                            capture_output=True, text=True, timeout=3000)
-    print(result.stdout[-4000:], result.stderr[-4000:])
-    assert result.returncode == 0
+    result = run_script([sys.executable, str(IPC_DRIVER), "--mode", mode, "--transfers",
+                         transfers, "--consumer-devices", *map(str, devices)], timeout=3000)
+    printed = f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, printed
     assert f"{transfers} transfers" in result.stdout and " 0 corrupted, 0 leaked, 0 refused" in (
         result.stdout)
 

@@ -21,7 +21,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import types
 import unittest.mock
 from pathlib import Path
 
@@ -34,7 +36,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 
 from strictops.meta import transport_pool as contract
-from strictops.meta.testing import fake_mode, gpu, multi_gpu, raised
+from strictops.meta.testing import fake_mode, gpu, multi_gpu, raised, run_script
 from strictops.ops import TransportConsumer, TransportPool, _cuda_stream
 from strictops.ops import _transport_faults as faults
 from strictops.ops import _transport_peers as peers
@@ -417,6 +419,71 @@ class TestWatchdog(expecttest.TestCase):
         self.assertEqual([e[2] for e in self.dog._pending], [pending])
 
 
+def test_relax_capture_mode_asks_the_driver_for_the_relaxed_mode():
+    calls = []
+    modes = type("CUstreamCaptureMode", (), {"CU_STREAM_CAPTURE_MODE_RELAXED": "relaxed"})
+    driver = type("driver", (), {
+        "CUstreamCaptureMode": modes,
+        "CUresult": type("CUresult", (), {"CUDA_SUCCESS": 0}),
+        "cuThreadExchangeStreamCaptureMode": staticmethod(
+            lambda mode: calls.append(mode) or (0, "global"))})
+    with unittest.mock.patch.object(_cuda_stream, "_driver", lambda: driver):
+        _cuda_stream.relax_capture_mode()
+    assert calls == ["relaxed"]
+
+
+def test_a_driver_that_hangs_with_children_holding_its_output_is_killed_with_them():
+    """The GPU drivers' consumer processes inherit the driver's output pipes: on a hang the
+    whole session is killed at the bound (waiting for the pipes would last as long as the
+    children), and what the driver printed comes with the failure."""
+    script = ("import subprocess, sys, time; print('started', flush=True); "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+              "time.sleep(600)")
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match=r"ran past 2 s and was killed; it printed:\nstarted"):
+        run_script([sys.executable, "-c", script], timeout=2)
+    assert time.monotonic() - start < 30
+
+
+def _relaxed_first(monkeypatch) -> list:
+    """Patches out the device and records ``("relax" | "pass", thread)`` in order."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(_cuda_stream, "relax_capture_mode",
+                        lambda: events.append(("relax", threading.get_ident())))
+    return events
+
+
+def test_the_recycler_thread_relaxes_its_capture_mode_before_its_first_pass(monkeypatch):
+    """A producer captures its publishes in a CUDA graph while the recycler copies the control
+    words to the host and waits: in the default global capture mode that call of another
+    thread fails and invalidates the capture, unless the recycler's thread is relaxed."""
+    events = _relaxed_first(monkeypatch)
+    stop = threading.Event()
+
+    def recycle():
+        events.append(("pass", threading.get_ident()))
+        stop.set()
+
+    pool = types.SimpleNamespace(device=torch.device("cuda", 0), name="CUDA IPC", _stop=stop,
+                                 recycle=recycle)
+    thread = threading.Thread(target=TransportPool._recycle_loop, args=(pool, 0.001))
+    thread.start()
+    thread.join(10)
+    assert [kind for kind, _ in events] == ["relax", "pass"]
+    assert events[0][1] == events[1][1] == thread.ident
+
+
+def test_the_watchdog_thread_relaxes_its_capture_mode(monkeypatch):
+    events = _relaxed_first(monkeypatch)
+    words = types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
+    dog = faults.WaitWatchdog(words, "CUDA IPC")
+    thread = threading.Thread(target=dog._run)  # nothing armed: relaxes, then ends
+    thread.start()
+    thread.join(10)
+    assert events == [("relax", thread.ident)]
+
+
 def test_default_timeout(monkeypatch):
     monkeypatch.delenv(faults.TIMEOUT_ENV, raising=False)
     assert faults.default_timeout(None) == 60.0
@@ -674,10 +741,9 @@ def test_gpu_a_wait_never_published_times_out_and_the_stream_goes_on():
 
 
 def _run_faults_driver(scenario: str, *options: str) -> None:
-    result = subprocess.run([sys.executable, str(FAULTS_DRIVER), scenario, *options],
-                            capture_output=True, text=True, timeout=300)
-    print(result.stdout[-4000:], result.stderr[-4000:])
-    assert result.returncode == 0
+    result = run_script([sys.executable, str(FAULTS_DRIVER), scenario, *options], timeout=300)
+    printed = f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, printed
     assert f"{scenario}: ok" in result.stdout
 
 
