@@ -25,7 +25,11 @@ are the kernel's numbers; ``eager_wall_us`` is the host's.
 
 Needs cuda-bindings (the original path).
 
-    python benchmarks/bench_transport_pool.py --out benchmarks/results
+    python benchmarks/bench_transport_pool.py --out benchmarks/results [--all]
+
+By default the sizes of the bars (64 KiB, 256 MiB) without the tuning sweep, about 40 s on
+the H200 (each of the ~30 timings per size is a ``do_bench`` of about half a second of GPU
+time, L2 flushes included); ``--all`` runs every size and the sweep (about two minutes).
 """
 
 from __future__ import annotations
@@ -87,7 +91,11 @@ def _variant_name(v: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--all", action="store_true",
+                    help="every size (not only the bars') and the tuning sweep")
     args = ap.parse_args()
+    bar_sizes = {size for size, *_ in BARS}
+    sizes = SIZES if args.all else [(n, b) for n, b in SIZES if n in bar_sizes]
 
     report = Report("transport_pool")
     bw = copy_bandwidth_bytes_per_us()
@@ -95,7 +103,7 @@ def main() -> None:
     pool = TransportPool(data_start(SLOTS, CONSUMERS) + SIZES[-1][1] + (1 << 20),
                          device="cuda:0", consumer_count=CONSUMERS, max_inflight_slices=SLOTS,
                          recycle_interval=None, name="bench")
-    for name, nbytes in SIZES:
+    for name, nbytes in sizes:
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
         lease = pool.lease(nbytes)
         lease_t = torch.tensor(lease, device="cuda")
@@ -129,7 +137,7 @@ def main() -> None:
             exact &= torch.equal(dst, src) and int(ready) == lease.generation
 
         tuning_us = {}
-        for variant in TUNING:
+        for variant in TUNING if args.all else ():
             def launch(variant=variant):
                 m._launch(m._publish_kernel, pool.tensor, src, lease_t, state, SLOTS, CONSUMERS,
                           **variant)
@@ -191,8 +199,9 @@ def main() -> None:
               ", ".join(f"ours {x['ours_graph_bw_ratio']:.3f} original "
                         f"{x['original_graph_bw_ratio']:.3f} copy_ {x['copy_graph_bw_ratio']:.3f}"
                         for x in r["rounds"]))
-        print(r["size"], "tuning (floor/time):",
-              ", ".join(f"{k}={v:.3f}" for k, v in r["tuning_bw_ratio"].items()))
+        if r["tuning_bw_ratio"]:
+            print(r["size"], "tuning (floor/time):",
+                  ", ".join(f"{k}={v:.3f}" for k, v in r["tuning_bw_ratio"].items()))
 
 
 def _peer_reader(handle, leases: list, out) -> None:

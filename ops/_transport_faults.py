@@ -7,7 +7,8 @@ consumer's wait watchdog (timeouts).
     attached to it and whether the producer dropped the rank. Each word has one writer: a
     consumer writes its own process identity, the producer writes the dropped flags, so no
     update is lost. A process is identified by its pid and its start time (``/proc``), so a
-    reused pid is not taken for the process that died; a zombie counts as dead.
+    reused pid is not taken for the process that died; a zombie, or a process already exiting,
+    counts as dead.
 
 :class:`WaitWatchdog`
     Consumers wait for a lease with ``cuStreamWaitValue32(ready, generation, GEQ)``: the stream
@@ -84,7 +85,7 @@ def default_timeout(configured: Optional[float]) -> float:
 
 def process_start(pid: int) -> Optional[int]:
     """The start time of process ``pid`` (clock ticks since boot, ``/proc/<pid>/stat``), or
-    None when it is gone or a zombie. Without ``/proc``: 0 while ``kill(pid, 0)`` succeeds."""
+    None when it is gone, a zombie or exiting. Without ``/proc``: 0 while ``kill(pid, 0)`` succeeds."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -98,8 +99,20 @@ def process_start(pid: int) -> Optional[int]:
         except PermissionError:
             pass
         return 0
+    return _stat_start(stat)
+
+
+# The kernel's PF_EXITING task flag (/proc/<pid>/stat field 9): set as the process starts to
+# exit, before it closes its files. A process killed with a CUDA context stays in that state
+# while the driver tears the context down (it may take seconds), never to run its code again.
+_PF_EXITING = 0x4
+
+
+def _stat_start(stat: bytes) -> Optional[int]:
+    """The start time in a ``/proc/<pid>/stat`` line, or None for a process that is exiting,
+    a zombie or dead."""
     fields = stat[stat.rindex(b")") + 2:].split()  # the name may hold spaces and parentheses
-    if fields[0] in (b"Z", b"X"):
+    if fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING:
         return None
     return int(fields[19])
 

@@ -256,7 +256,17 @@ def never_published(errors: list) -> None:
     for inbox in inboxes:
         inbox.put(handle)
         inbox.put((0, withheld, withheld.nbytes, -1))
-    first = [outbox.get(timeout=30)[1:] for outbox in outboxes]  # both time out first
+    first = []  # both time out first
+    for rank, outbox in enumerate(outboxes):
+        try:
+            first.append(outbox.get(timeout=30)[1:])
+        except queue.Empty:
+            errors.append(f"consumer {rank} reported nothing within 30 s of a lease never "
+                          f"published: its wait of {TIMEOUT_S} s was not aborted")
+            for p in procs:
+                p.kill()
+            pool.shutdown()
+            return
     lease, _ = pool.copy_tensor(src)
     for inbox in inboxes:
         inbox.put((1, lease, src.numel(), checksum(src)))

@@ -299,6 +299,22 @@ class TestRegistry(expecttest.TestCase):
         self.assertTrue(self.registry.producer_alive())
         self.assertIsNone(faults.process_start(2**22 + 12345))  # past Linux's pid_max
 
+    def test_a_process_that_has_begun_to_exit_is_dead(self):
+        """A consumer killed with a CUDA context may take seconds to close its files (the
+        driver tears the context down) before it becomes a zombie: the kernel's PF_EXITING
+        flag (field 9) marks it as exiting from the start."""
+        with open(f"/proc/{os.getpid()}/stat", "rb") as f:
+            stat = f.read()
+        head, tail = stat[:stat.rindex(b")") + 2], stat[stat.rindex(b")") + 2:].split()
+        self.assertEqual(faults._stat_start(stat), int(tail[19]))
+        self.assertFalse(int(tail[6]) & faults._PF_EXITING)
+        for state, flags in [(b"D", int(tail[6]) | faults._PF_EXITING), (b"Z", 0), (b"X", 0),
+                             (b"R", faults._PF_EXITING)]:
+            line = head + b" ".join([state, *tail[1:6], str(flags).encode(), *tail[7:]])
+            self.assertIsNone(faults._stat_start(line), (state, flags))
+        odd = b"12 (a) b (c) " + b" ".join(tail)  # a name with spaces and parentheses
+        self.assertEqual(faults._stat_start(odd), int(tail[19]))
+
 
 # --------------------------------------------------------------------------------------------
 # Timeouts: the abort kernel and the watchdog, on CPU words
