@@ -252,7 +252,8 @@ class TransportPool:
         Slots, i.e. leases live at once.
     recycle_interval : float or None
         Seconds between the background recycler's passes; None starts no recycler (call
-        :meth:`recycle`).
+        :meth:`recycle`). The recycler's thread does not disturb a CUDA graph captured in
+        another thread (its capture mode is relaxed; needs cuda-bindings).
     name : str
         The transport's name in messages (``"{name} requires a CUDA tensor"``);
         ``transport_name`` is the same.
