@@ -27,9 +27,10 @@ Needs cuda-bindings (the original path).
 
     python benchmarks/bench_transport_pool.py --out benchmarks/results [--all]
 
-By default the sizes of the bars (64 KiB, 256 MiB) without the tuning sweep, about 40 s on
-the H200 (each of the ~30 timings per size is a ``do_bench`` of about half a second of GPU
-time, L2 flushes included); ``--all`` runs every size and the sweep (about two minutes).
+By default the sizes of the bars (64 KiB, 256 MiB) without the tuning sweep: an estimated
+40 s on the H200 (each of the ~30 timings per size is a ``do_bench`` of about half a second of
+GPU time, L2 flushes included); ``--all`` runs every size and the sweep (estimated two
+minutes).
 """
 
 from __future__ import annotations
