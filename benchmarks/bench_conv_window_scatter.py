@@ -16,8 +16,6 @@ wall time.
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 
 import torch
 
@@ -26,6 +24,7 @@ from strictops.ops import fused_conv_window_scatter_with_mask
 
 from _harness import (
     Report,
+    anchor_module,
     arg_parser,
     copy_bandwidth_bytes_per_us,
     graph_replay_us,
@@ -35,7 +34,6 @@ from _harness import (
     wall_us,
 )
 
-ANCHOR = Path(__file__).resolve().parents[1] / ".anchor"
 # (name, layers, cache, dim, K-1, dtype, requests, draft tokens, valid requests)
 SHAPES = [
     ("conv_64req", 36, 512, 2048, 3, torch.bfloat16, 64, 4, 51),
@@ -48,12 +46,8 @@ TUNING = [{"block_bytes": b, "num_warps": w}
 def original():
     """sglang's ``mamba_state_scatter_triton`` module (benchmark-only comparator), or None.
     Its pointer-table helper is not part of the file; it is one int64 tensor of the rows."""
-    if not (ANCHOR / "sgl_mamba.py").is_file():
-        return None
-    sys.path.insert(0, str(ANCHOR))
-    import sgl_mamba
-
-    if sgl_mamba.make_ptr_table is None:
+    sgl_mamba = anchor_module("sgl_mamba")
+    if sgl_mamba is not None and sgl_mamba.make_ptr_table is None:
         sgl_mamba.make_ptr_table = lambda rows, device: torch.tensor(rows, dtype=torch.int64,
                                                                      device=device)
     return sgl_mamba

@@ -15,8 +15,8 @@ allocating inside the op is what keeps "validate, then allocate" true for a call
 some buffers and not others.
 
 Two kernels (``KERNEL``, ``warp_specialized``): on an sm_90 GPU the warp-specialised Gluon
-kernel of ``strictops.ops._sparse_mla_gluon`` (on the H200, 408 TFLOPS at
-``(s_q, s_kv, h_q, d_qk, topk) = (4096, 8192, 128, 576, 2048)``, against 261 for the Triton
+kernel of ``strictops.ops._sparse_mla_gluon`` (on the H200, 407 TFLOPS at
+``(s_q, s_kv, h_q, d_qk, topk) = (4096, 8192, 128, 576, 2048)``, against 262 for the Triton
 kernel here; docs/design/sparse_mla_prefill.md), everywhere else the Triton kernel below
 (other GPUs, the Triton interpreter, tracing without a GPU). Inductor cannot compile a Gluon
 kernel from a ``wrap_triton`` launch, so a traced call of the Gluon path records an opaque op,

@@ -9,9 +9,7 @@ equality with sglang's original kernel where its checkout is present (``.anchor`
 
 from __future__ import annotations
 
-import sys
 import unittest
-from pathlib import Path
 
 import expecttest
 import pytest
@@ -25,6 +23,7 @@ from strictops.meta.strategies import conv_window_scatter as calls_of
 from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
+    anchor_module,
     assert_every_rule_pinned,
     gpu,
     near_miss_message,
@@ -36,7 +35,6 @@ from strictops.ops import fused_conv_window_scatter_with_mask
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DIMS = contract.Dims(num_layers=3, cache_size=7, spec_size=5, draft_tokens=4, dim=6, km1=3,
                      total_requests=4)
-ANCHOR = Path(__file__).resolve().parents[1] / ".anchor"
 
 
 def _message_on_fake(rule: str, dims: contract.Dims = DIMS) -> str:
@@ -230,16 +228,6 @@ def test_gpu_direct_and_dispatcher_paths_agree_and_bump_the_version():
     assert direct["dst"]._version > version
 
 
-def original_module():
-    """sglang's ``mamba_state_scatter_triton`` module from the ``.anchor`` checkout (tests and
-    benchmarks only), or None when the checkout is absent."""
-    if not (ANCHOR / "sgl_mamba.py").is_file():
-        return None
-    sys.path.insert(0, str(ANCHOR))
-    import sgl_mamba
-    return sgl_mamba
-
-
 def sglang_shapes_inputs(seed: int, layers=4, cache=64, spec=16, draft=4, dim=2048, km1=3,
                          dtype=torch.bfloat16, src_indices=False):
     """Inputs the original handles deterministically: distinct slots, valid src rows; a few
@@ -263,9 +251,7 @@ def sglang_shapes_inputs(seed: int, layers=4, cache=64, spec=16, draft=4, dim=20
 @pytest.mark.parametrize("dtype,dim,km1", [(torch.bfloat16, 2048, 3), (torch.float32, 300, 1),
                                            (torch.float16, 77, 5)])
 def test_gpu_bit_equal_to_sglang_original(src_indices, dtype, dim, km1):
-    sgl = original_module()
-    if sgl is None:
-        pytest.skip("sglang's original (.anchor/sgl_mamba.py) is absent")
+    sgl = anchor_module("sgl_mamba")
     for seed in range(3):
         dst, src, slots, steps, rows = sglang_shapes_inputs(seed, dim=dim, km1=km1, dtype=dtype,
                                                             src_indices=src_indices)
