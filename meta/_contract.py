@@ -239,16 +239,22 @@ class Contract:
         return c.error, _lazy_message(c, args)()
 
 
+def plain_eager_mode() -> bool:
+    """Whether Python runs in plain eager mode: not while ``torch.compile``/``torch.export``
+    trace, under no dispatch or function mode (such as ``FakeTensorMode``), with no functorch
+    transform active. The one test of it, for the contract and the ops' eager paths."""
+    return not (torch.compiler.is_compiling()
+                or torch._C._len_torch_dispatch_stack()
+                or torch._C._len_torch_function_stack()
+                or torch._C._are_functorch_transforms_active())
+
+
 def values_readable(values: Iterable[Any]) -> bool:
-    """Whether a check may read the values of the tensors among ``values``: in plain eager
-    mode (not while ``torch.compile``/``torch.export`` trace, under no dispatch or function
-    mode such as ``FakeTensorMode``, no functorch transform), on plain ``torch.Tensor``s only,
-    and not while the current stream captures a CUDA graph (a read of a CUDA tensor would sync
-    the host, which capture forbids; no capture runs before CUDA is initialised)."""
-    if (torch.compiler.is_compiling()
-            or torch._C._len_torch_dispatch_stack()
-            or torch._C._len_torch_function_stack()
-            or torch._C._are_functorch_transforms_active()):
+    """Whether a check may read the values of the tensors among ``values``: in
+    :func:`plain_eager_mode`, on plain ``torch.Tensor``s only, and not while the current
+    stream captures a CUDA graph (a read of a CUDA tensor would sync the host, which capture
+    forbids; no capture runs before CUDA is initialised)."""
+    if not plain_eager_mode():
         return False
     for v in values:
         if type(v) is not torch.Tensor and isinstance(v, torch.Tensor):

@@ -22,13 +22,12 @@ import functools
 
 import torch
 
+from strictops.meta._contract import plain_eager_mode
+
 
 def can_skip_dispatcher(*tensors: torch.Tensor | None) -> bool:
     """True when calling the implementation directly behaves exactly like the dispatcher."""
-    if (torch.compiler.is_compiling()
-            or torch._C._len_torch_dispatch_stack()
-            or torch._C._len_torch_function_stack()
-            or torch._C._are_functorch_transforms_active()):
+    if not plain_eager_mode():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
