@@ -117,15 +117,9 @@ def wall_us(fn: Callable[[], object], calls: int = 1000, windows: int = 11) -> t
 def anchor_module(name: str):
     """The original kernels' module ``name`` from the repository root's ``.anchor`` folder
     (built only where ours are compared with them), or None when it is absent."""
-    import importlib
-    import sys
+    from strictops.meta import _anchor
 
-    folder = Path(__file__).resolve().parents[1] / ".anchor"
-    if not (folder / f"{name}.py").is_file():
-        return None
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-    return importlib.import_module(name)
+    return _anchor.load(name)
 
 
 def copy_bandwidth_bytes_per_us(nbytes: int = 4 << 30) -> float:

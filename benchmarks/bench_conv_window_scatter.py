@@ -44,13 +44,8 @@ TUNING = [{"block_bytes": b, "num_warps": w}
 
 
 def original():
-    """sglang's ``mamba_state_scatter_triton`` module (benchmark-only comparator), or None.
-    Its pointer-table helper is not part of the file; it is one int64 tensor of the rows."""
-    sgl_mamba = anchor_module("sgl_mamba")
-    if sgl_mamba is not None and sgl_mamba.make_ptr_table is None:
-        sgl_mamba.make_ptr_table = lambda rows, device: torch.tensor(rows, dtype=torch.int64,
-                                                                     device=device)
-    return sgl_mamba
+    """sglang's ``mamba_state_scatter_triton`` module (benchmark-only comparator), or None."""
+    return anchor_module("sgl_mamba")
 
 
 def make_inputs(layers, cache, dim, km1, dtype, requests, draft, valid, gen):

@@ -42,12 +42,7 @@ SSM_STATE, CONV_DIM, KM1 = (8, 128, 128), 2048, 3
 def _original():
     """sglang's function, with the int64 pointer table its multi-pair conv path reads."""
     sgl = anchor_module("sgl_mamba")
-    if sgl is None:
-        return None
-    if sgl.make_ptr_table is None:
-        sgl.make_ptr_table = lambda rows, device: torch.tensor(rows, dtype=torch.int64,
-                                                               device=device)
-    return sgl.scatter_mamba_states_after_mtp_verify
+    return None if sgl is None else sgl.scatter_mamba_states_after_mtp_verify
 
 
 def _inputs(gen):

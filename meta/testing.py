@@ -206,16 +206,12 @@ __all__ = [
 def anchor_module(name: str):
     """The module ``name`` of the repository root's ``.anchor`` folder; the calling test is
     skipped when the folder or the module is absent."""
-    import importlib
-    import sys
-    from pathlib import Path
+    from . import _anchor
 
-    folder = Path(__file__).resolve().parents[1] / ".anchor"
-    if not (folder / f"{name}.py").is_file():
-        pytest.skip(f"no original to compare with: {folder.name}/{name}.py is absent")
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-    return importlib.import_module(name)
+    module = _anchor.load(name)
+    if module is None:
+        pytest.skip(f"no original to compare with: .anchor/{name}.py is absent")
+    return module
 
 
 __all__ += ["anchor_module"]
