@@ -637,15 +637,15 @@ class TransportConsumer:
         seconds (default: the consumer's ``wait_timeout``; ``math.inf``: no bound). Raises
         ``TimeoutError`` for an earlier wait that was aborted."""
         lease = self._checked(lease)
+        timeout = self.wait_timeout if timeout is None else timeout
+        if not math.isinf(timeout) and self._watchdog is None:  # before the wait blocks
+            self._watchdog = WaitWatchdog(_control_words(
+                self.pool, self.max_inflight_slices, self.consumer_count).view(-1),
+                self.name, self.registry)
         stream = torch.cuda.current_stream(self.pool.device)
         _cuda_stream.wait_value32(stream, self.base_address + lease.ready_byte_offset,
                                   lease.generation, _cuda_stream.WAIT_VALUE_GEQ)
-        timeout = self.wait_timeout if timeout is None else timeout
         if not math.isinf(timeout):
-            if self._watchdog is None:
-                self._watchdog = WaitWatchdog(_control_words(
-                    self.pool, self.max_inflight_slices, self.consumer_count).view(-1),
-                    self.name, self.registry)
             self._watchdog.arm(lease, timeout)
 
     def view(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:

@@ -79,7 +79,8 @@ def _consumer(rank: int, device: int, inbox, outbox) -> None:
             # With CUDA's lazy loading a kernel is loaded at its first launch, which may wait
             # for the device to be idle; behind a wait that is never published that is never,
             # and the watchdog's own launches then block too (docs/reliability.md).
-            checksum(torch.zeros(1, dtype=torch.uint8, device="cuda"))
+            for nbytes in (1, 4096, 8192, 65536, 1 << 20):  # the sizes the scenarios send
+                checksum(torch.zeros(nbytes, dtype=torch.uint8, device="cuda"))
         reader = TransportConsumer.attach(inbox.get(timeout=60), rank, device=device)
         while True:
             try:
