@@ -1,6 +1,6 @@
 """The sm_90 sparse MLA kernels side by side: build facts, correctness, speed.
 
-On an H200 (about 100 s with the default variants)::
+On an H200 (the default variants; about 100 s when the original is already built)::
 
     python benchmarks/experiments/sparse_mla_hopper.py --out $OUT
 
@@ -11,8 +11,9 @@ the consumers transpose V with ``ldmatrix.trans`` / ``stmatrix``, 64 columns a l
 ``new_blocked`` (the same with the transpose through a blocked layout: ``LDSM`` + ``PRMT`` +
 ``STS.64``), ``new_tr128`` / ``new_tr256`` (128 / 256 columns a load: fewer partition
 barriers, more registers), ``new_prod_tr`` (the producer transposes), ``new_prod_tr_vt3``
-(and three Vᵀ buffers), and the ablations in ``ABLATIONS`` (wrong results, timing only, first
-shape only).
+(and three Vᵀ buffers; ``new_prod_tr128_vt3`` 128 columns a load, ``new_prod_tr_vt3_r216``
+216/72 registers), and the ablations in ``ABLATIONS`` (wrong results, timing only, first
+shape only). Each variant is compiled first, all at once, in processes of their own.
 
 Without a GPU (``--build``): compiles every variant of ``strictops.ops._sparse_mla_hopper``
 (and ``_sparse_mla_gluon``) for sm_90a with the Triton wheel's ptxas and prints registers,
@@ -85,8 +86,12 @@ VARIANTS = {
     "new_tr256": {"tr_cols": 256},
     "new_prod_tr": {"tr_cons": False},
     "new_prod_tr_vt3": {"tr_cons": False, "num_vt": 3},
+    "new_prod_tr128_vt3": {"tr_cons": False, "num_vt": 3, "tr_cols": 128},
+    "new_prod_tr_vt3_r216": {"tr_cons": False, "num_vt": 3, "consumer_regs": 216,
+                             "producer_regs": 72},
 }
-DEFAULT = ["old", "cutlass", "new", "new_blocked", "new_tr128", "new_prod_tr", "new_no_vt_store"]
+DEFAULT = ["old", "cutlass", "new", "new_blocked", "new_tr128", "new_prod_tr", "new_prod_tr_vt3",
+           "new_prod_tr128_vt3", "new_no_vt_store"]
 
 
 def _ablated(name: str):
@@ -216,24 +221,27 @@ def _errors(outputs, expected) -> dict:
     return res
 
 
+# The specialisations a variant is compiled for (d_qk, optional arguments given): those of the
+# speed rows and of the checks, whose sizes are multiples of 16 like the benchmark shapes'.
+SPECIALISATIONS = [(576, False), (512, False), (576, True)]
+
+
 def check_cases(gen):
-    """(name, args) of the correctness cases (one specialisation per d_qk: topk_length,
-    attn_sink and the error counter given, so each variant compiles once per d_qk for them)."""
+    """(name, args) of the correctness cases, in the specialisations of ``SPECIALISATIONS``."""
     cases = []
-    for d_qk in contract.D_QKS:
-        for variant in ("attn_sink", ):
-            dims = contract.Dims(s_q=96, s_kv=3000, h_q=128, d_qk=d_qk, topk=512,
-                                 with_topk_length=variant != "plain",
-                                 with_attn_sink=variant == "attn_sink", with_buffers=True,
-                                 with_errors=variant != "plain", device="cuda")
-            cases.append((f"{variant}-{d_qk}", m.random_inputs(dims, gen)))
+    for d_qk, variant in ((576, "plain"), (512, "plain"), (576, "attn_sink")):
+        dims = contract.Dims(s_q=96, s_kv=3008, h_q=128, d_qk=d_qk, topk=512,
+                             with_topk_length=variant != "plain",
+                             with_attn_sink=variant == "attn_sink", with_buffers=True,
+                             with_errors=variant != "plain", device="cuda")
+        cases.append((f"{variant}-{d_qk}", m.random_inputs(dims, gen)))
     for h_q, topk in ((64, 128), (192, 256), (64, 384)):
-        dims = contract.Dims(s_q=33, s_kv=700, h_q=h_q, d_qk=576, topk=topk,
+        dims = contract.Dims(s_q=33, s_kv=704, h_q=h_q, d_qk=576, topk=topk,
                              with_topk_length=True, with_attn_sink=True, with_buffers=True,
                              with_errors=True, device="cuda")
         cases.append((f"h{h_q}-topk{topk}", m.random_inputs(dims, gen)))
     for sink in (float("inf"), float("-inf")):
-        dims = contract.Dims(s_q=24, s_kv=500, h_q=64, d_qk=576, topk=256,
+        dims = contract.Dims(s_q=24, s_kv=512, h_q=64, d_qk=576, topk=256,
                              with_topk_length=True, with_attn_sink=True, with_buffers=True,
                              with_errors=True, device="cuda")
         args = m.random_inputs(dims, gen)
@@ -247,6 +255,32 @@ def full_range(shape, gen):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench_sparse_mla_prefill import full_range_inputs
     return full_range_inputs(shape, gen)
+
+
+def warm(names) -> None:
+    """Compile (by one small call each) every specialisation of the variants in ``names``
+    into Triton's cache."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for name, (module, tuning) in kernels(names).items():
+        for d_qk, optional in SPECIALISATIONS:
+            dims = contract.Dims(s_q=2, s_kv=512, h_q=128, d_qk=d_qk, topk=128,
+                                 with_topk_length=optional, with_attn_sink=optional,
+                                 with_errors=optional, device="cuda")
+            try:
+                _call(module, tuning, m.random_inputs(dims, gen))
+            except NotImplementedError:  # the original: no optional arguments
+                pass
+    torch.cuda.synchronize()
+
+
+def warm_in_parallel(names) -> None:
+    """:func:`warm` each variant in a process of its own, all at once (compiling takes most of
+    a run otherwise); a variant that fails there is compiled again, and reported, later."""
+    procs = [subprocess.Popen([sys.executable, __file__, "--warm", "--kernels", name],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for name in names if name != "cutlass"]
+    for proc in procs:
+        proc.wait()
 
 
 def run_smoke(names) -> None:
@@ -291,6 +325,9 @@ def run_gpu(out_dir: Path, names=None) -> None:
         log.write(json.dumps(row) + "\n")
         log.flush()
 
+    t0 = time.time()
+    warm_in_parallel(names)
+    print(f"compiled in {time.time() - t0:.0f} s", flush=True)
     variants = kernels(names)
     gen = torch.Generator(device="cuda").manual_seed(1)
     for case, args in check_cases(gen):
@@ -348,6 +385,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", action="store_true", help="compile for sm_90a only (no GPU)")
     ap.add_argument("--smoke", action="store_true", help="one small call per kernel")
+    ap.add_argument("--warm", action="store_true", help="compile the variants (a GPU's)")
     ap.add_argument("--kernels", nargs="*", help="which variants (default: DEFAULT; --build: every one)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/mla-hopper")))
     args = ap.parse_args()
@@ -355,6 +393,8 @@ def main() -> None:
         run_build(args.kernels)
     elif args.smoke:
         run_smoke(args.kernels)
+    elif args.warm:
+        warm(args.kernels)
     else:
         t0 = time.time()
         run_gpu(args.out, args.kernels or DEFAULT)
