@@ -10,8 +10,8 @@ indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row th
 read, out-of-range lengths counted); the Gluon kernel built for sm_90 with wgmma for both
 products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
 tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
-the warp-specialised Gluon one that sm_90 runs by default), and the value rule's order through
-the public op.
+the warp-specialised Gluon one that sm_90 runs by default) and the experimental block-pair
+kernel with each V transpose, and the value rule's order through the public op.
 """
 
 from __future__ import annotations
@@ -778,6 +778,34 @@ def test_gpu_hopper_runs_the_warp_specialized_kernel_close_to_the_triton_one(mon
     assert op.relative_l2(ours[0], theirs[0]) <= 4e-3, f"seed {seed}"
     assert torch.equal(ours[1].isinf(), theirs[1].isinf()), f"seed {seed}"
     assert torch.allclose(ours[2], theirs[2], rtol=1e-4, atol=1e-4), f"seed {seed}"
+
+
+@gpu
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+@pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
+                                    {"tr_cols": 128}],
+                         ids=["default", "blocked-transpose", "producer-transpose", "tr128"])
+def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
+    """The block-pair kernel (``_sparse_mla_hopper``, not the op's default) on an sm_90 GPU with
+    each V transpose: poisoned buffers, invalid indices, empty rows, partial lengths, attn_sink;
+    within the GPU bounds of float64 (its P·V in FP8 costs accuracy), nothing counted."""
+    if op._sparse_mla_gluon is None or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the block-pair kernel needs Gluon and an sm_90 GPU")
+    from strictops.ops import _sparse_mla_hopper as hopper
+
+    gen, seed = _fresh_generator()
+    dims = contract.Dims(s_q=96, s_kv=3000, h_q=128, d_qk=d_qk, topk=512, with_topk_length=True,
+                         with_attn_sink=True, with_buffers=True, with_errors=True,
+                         device="cuda")
+    args = op.random_inputs(dims, gen)
+    expected = op.reference(**_inputs(args))
+    outputs = (args["out"], args["max_logits"], args["lse"])
+    hopper.launch(*(args[k] for k in op.INPUTS if k != "d_v"), *outputs,
+                  args["topk_length_errors"], **tuning)
+    passed, detail = op.compare_to_reference(outputs, expected, op.GPU_REL_L2_BOUND,
+                                             op.GPU_LOGIT_TOL)
+    assert passed, f"seed {seed}: {detail}"
+    assert int(args["topk_length_errors"].item()) == 0
 
 
 @gpu
