@@ -10,10 +10,11 @@ Variants (``--kernels``; ``VARIANTS``, the default set in ``DEFAULT``): ``old``
 the consumers transpose V with ``ldmatrix.trans`` / ``stmatrix``, 64 columns a load),
 ``new_blocked`` (the same with the transpose through a blocked layout: ``LDSM`` + ``PRMT`` +
 ``STS.64``), ``new_tr128`` / ``new_tr256`` (128 / 256 columns a load: fewer partition
-barriers, more registers), ``new_prod_tr`` (the producer transposes), ``new_prod_tr_vt3``
-(and three Vᵀ buffers; ``new_prod_tr128_vt3`` 128 columns a load, ``new_prod_tr_vt3_r216``
-216/72 registers), and the ablations in ``ABLATIONS`` (wrong results, timing only, first
-shape only). Each variant is compiled first, all at once, in processes of their own.
+barriers, more registers; ``_r232``: 232/40 registers), ``new_prod_tr`` (the producer
+transposes), ``new_prod_tr_vt3`` (and three Vᵀ buffers; ``new_prod_tr128_vt3`` 128 columns a
+load, ``new_prod_tr_vt3_r216`` 216/72 registers), and the ablations in ``ABLATIONS`` (wrong
+results, timing only, first shape only). Each variant is compiled first, all at once, in
+processes of their own.
 
 Without a GPU (``--build``): compiles every variant of ``strictops.ops._sparse_mla_hopper``
 (and ``_sparse_mla_gluon``) for sm_90a with the Triton wheel's ptxas and prints registers,
@@ -84,14 +85,16 @@ VARIANTS = {
     "new_blocked": {"vt_ldsm": False},
     "new_tr128": {"tr_cols": 128},
     "new_tr256": {"tr_cols": 256},
+    "new_r232": {"consumer_regs": 232, "producer_regs": 40},
+    "new_tr128_r232": {"tr_cols": 128, "consumer_regs": 232, "producer_regs": 40},
     "new_prod_tr": {"tr_cons": False},
     "new_prod_tr_vt3": {"tr_cons": False, "num_vt": 3},
     "new_prod_tr128_vt3": {"tr_cons": False, "num_vt": 3, "tr_cols": 128},
     "new_prod_tr_vt3_r216": {"tr_cons": False, "num_vt": 3, "consumer_regs": 216,
                              "producer_regs": 72},
 }
-DEFAULT = ["old", "cutlass", "new", "new_blocked", "new_tr128", "new_prod_tr", "new_prod_tr_vt3",
-           "new_prod_tr128_vt3", "new_no_vt_store"]
+DEFAULT = ["old", "cutlass", "new", "new_blocked", "new_tr128", "new_r232", "new_tr128_r232",
+           "new_prod_tr", "new_prod_tr_vt3", "new_prod_tr128_vt3", "new_no_vt_store"]
 
 
 def _ablated(name: str):
