@@ -24,7 +24,9 @@ Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with t
   before the second. The second P·V of pair ``p`` is issued with the Q·Kᵀ of pair ``p + 1``.
 - V transpose (``TR_CONS``): each consumer transposes its own half of V of both blocks of a
   pair into ``vt[0]``/``vt[1]`` while its Q·Kᵀ runs; otherwise the producer transposes block
-  ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``. With ``VT_LDSM`` it reads
+  ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``. With ``TR_EARLY`` a
+  consumer transposes block ``2p`` while the second P·V of pair ``p - 1`` (which reads
+  ``vt[1]``) still runs, block ``2p + 1`` after it. With ``VT_LDSM`` it reads
   V as 16-bit words with ``ldmatrix.trans``, swaps bytes between row pairs (2 ``prmt`` per 8
   bytes) and writes with ``stmatrix``, which puts row ``n``, column ``d`` of V at row ``ρ(d)``,
   column ``σ(n)`` of Vᵀ (bit permutations that keep both free of bank conflicts); P is stored
@@ -80,7 +82,8 @@ D_V = 512
 # free of bank conflicts; setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
 # Every knob and its measurement: docs/design/sparse_mla_prefill.md#measurements
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
-          "vt_ldsm": True, "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
+          "vt_ldsm": True, "tr_early": False, "consumer_regs": 224, "producer_regs": 56,
+          "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -351,31 +354,28 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
 
 
 @gluon.jit
-def _transpose_pair(C: gl.constexpr, p, k_nope, vt, k_ready, k_free, NUM_STAGES: gl.constexpr,
-                    TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr):
-    """Half ``C`` of V of blocks ``2p`` and ``2p + 1``, transposed into rows ``[256C, 256C +
-    256)`` of ``vt[0]`` and ``vt[1]``, ``TR_COLS`` columns per load; releases the other
-    consumer's block."""
+def _transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k_free,
+                     NUM_STAGES: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr):
+    """Half ``C`` of V of block ``2p + q``, transposed into rows ``[256C, 256C + 256)`` of
+    ``vt[q]``, ``TR_COLS`` columns per load; releases the block if it is the other
+    consumer's. The caller fences and synchronises before the P·V reads."""
     # [64 rows, 64 columns] per 8 x 4 bytes of a thread, stored transposed as 4 groups of 8
     # contiguous bytes.
     tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
-    for q in gl.static_range(2):
-        b = 2 * p + q
-        s = b % NUM_STAGES
-        if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
-            mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
-        for c in gl.static_range(C * 256, C * 256 + 256, TR_COLS):
-            if VT_LDSM:
-                k16, vt16 = _vt16(k_nope, vt, NUM_STAGES, 2)
-                _transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
-                                vt16.index(q).slice(c, TR_COLS, dim=0), TR_COLS // 2)
-            else:
-                x = k_nope.index(s).slice(c, TR_COLS, dim=1).load(tr_layout)
-                vt.index(q).slice(c, TR_COLS, dim=0).store(gl.permute(x, (1, 0)))
-        if q != C:
-            mbarrier.arrive(k_free.index(s))
-    fence_async_shared()  # generic stores, then wgmma (async proxy) reads
-    gl.thread_barrier()
+    b = 2 * p + q
+    s = b % NUM_STAGES
+    if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
+        mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
+    for c in gl.static_range(C * 256, C * 256 + 256, TR_COLS):
+        if VT_LDSM:
+            k16, vt16 = _vt16(k_nope, vt, NUM_STAGES, 2)
+            _transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
+                            vt16.index(q).slice(c, TR_COLS, dim=0), TR_COLS // 2)
+        else:
+            x = k_nope.index(s).slice(c, TR_COLS, dim=1).load(tr_layout)
+            vt.index(q).slice(c, TR_COLS, dim=0).store(gl.permute(x, (1, 0)))
+    if q != C:
+        mbarrier.arrive(k_free.index(s))
 
 
 @gluon.jit
@@ -384,7 +384,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
               p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
               D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
               NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
-              VT_LDSM: gl.constexpr):
+              VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr):
     """Consumer ``C``: blocks ``2p + C``, output columns ``[256C, 256C + 256)``; consumer 1
     also writes ``max_logits`` and ``lse``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
@@ -402,7 +402,10 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
     # serialise every wgmma.
     st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, C, D_QK, NUM_STAGES)
     if TR_CONS:
-        _transpose_pair(C, 0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
+        for q in gl.static_range(2):
+            _transpose_block(C, q, 0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
+        fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+        gl.thread_barrier()
     sc = warpgroup_mma_wait(0, deps=(st, ))
     acc, m_run, l_i = _softmax_pv1(C, 0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
                                    vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
@@ -411,9 +414,15 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
         pv = _issue_pv2(C, p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
         st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * p + C, D_QK,
                        NUM_STAGES)
+        if TR_CONS and TR_EARLY:  # vt[0]'s last reader, the first P·V of pair p - 1, is done
+            _transpose_block(C, 0, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
         acc = warpgroup_mma_wait(QK_GROUPS, deps=(pv, ))
-        if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite both
-            _transpose_pair(C, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
+        if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite it (and vt[0])
+            for q in gl.static_range(1 if TR_EARLY else 0, 2):
+                _transpose_block(C, q, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS,
+                                 VT_LDSM)
+            fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+            gl.thread_barrier()
         else:
             mbarrier.arrive(vt_free.index(2 * ((2 * p - 1) % NUM_VT) + C))
         sc = warpgroup_mma_wait(0, deps=(st, ))
@@ -460,11 +469,11 @@ def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h
                 lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
                 D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
-                VT_LDSM: gl.constexpr):
+                VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr):
     _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
               scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum,
               k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, D_QK, HAS_ATTN_SINK,
-              NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM)
+              NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY)
 
 
 @gluon.jit
@@ -494,6 +503,7 @@ def sparse_mla_hopper_kernel(
     TR_CONS: gl.constexpr,
     TR_COLS: gl.constexpr,
     VT_LDSM: gl.constexpr,
+    TR_EARLY: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -562,12 +572,12 @@ def sparse_mla_hopper_kernel(
                      n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
                      p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
                      l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                     VT_LDSM)),
+                     VT_LDSM, TR_EARLY)),
         (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
                        n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
                        p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
                        l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                       VT_LDSM)),
+                       VT_LDSM, TR_EARLY)),
         (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
                      idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT,
                      LAG, TR_CONS, TR_COLS, VT_LDSM)),
@@ -582,6 +592,7 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
                 LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"], VT_LDSM=t["vt_ldsm"],
+                TR_EARLY=t["tr_early"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 
