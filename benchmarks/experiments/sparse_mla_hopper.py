@@ -280,14 +280,24 @@ def warm(names) -> None:
     torch.cuda.synchronize()
 
 
-def warm_in_parallel(names) -> None:
+def warm_in_parallel(names, timeout_s: float = 240) -> list:
     """:func:`warm` each variant in a process of its own, all at once (compiling takes most of
-    a run otherwise); a variant that fails there is compiled again, and reported, later."""
-    procs = [subprocess.Popen([sys.executable, __file__, "--warm", "--kernels", name],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for name in names if name != "cutlass"]
-    for proc in procs:
-        proc.wait()
+    a run otherwise). Returns ``names`` without the variants whose process did not finish in
+    ``timeout_s`` (a hang); one that failed is compiled again, and its error reported, later."""
+    procs = {name: subprocess.Popen([sys.executable, __file__, "--warm", "--kernels", name],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for name in names if name != "cutlass"}
+    deadline = time.time() + timeout_s
+    hung = []
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=max(deadline - time.time(), 1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            hung.append(name)
+            print(f"{name}: its small calls did not finish in {timeout_s:.0f} s (a hang?), "
+                  "left out", flush=True)
+    return [name for name in names if name not in hung]
 
 
 def run_smoke(names) -> None:
@@ -333,7 +343,7 @@ def run_gpu(out_dir: Path, names=None) -> None:
         log.flush()
 
     t0 = time.time()
-    warm_in_parallel(names)
+    names = warm_in_parallel(names)
     print(f"compiled in {time.time() - t0:.0f} s", flush=True)
     variants = kernels(names)
     gen = torch.Generator(device="cuda").manual_seed(1)
