@@ -10,8 +10,8 @@ indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row th
 read, out-of-range lengths counted); the Gluon kernel built for sm_90 with wgmma for both
 products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
 tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
-the warp-specialised Gluon one that sm_90 runs by default), and the value rule's order through
-the public op.
+the warp-specialised Gluon one that sm_90 runs by default) and the experimental block-pair
+kernel with each V transpose, and the value rule's order through the public op.
 """
 
 from __future__ import annotations
@@ -624,22 +624,71 @@ def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
 
 
 @pytest.mark.skipif(op._sparse_mla_gluon is None, reason="this Triton has no Gluon")
-@pytest.mark.parametrize("d_qk", contract.D_QKS)
-@pytest.mark.parametrize("tr_cons", [True, False])
-def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tr_cons):
+@pytest.mark.parametrize(("d_qk", "tr_cons", "vt_ldsm"),
+                         [(576, True, True), (512, True, True), (576, False, True),
+                          (576, True, False)])
+def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tr_cons, vt_ldsm):
     """Without a GPU: the block-pair kernel (not the op's default; see
     ``benchmarks/experiments/sparse_mla_hopper.py``) compiles for sm_90 with either V
-    transpose, both products are FP8 wgmma (no fp16 P·V), each consumer computes the whole S
-    of its own blocks."""
+    transpose by either method, both products are FP8 wgmma (no fp16 P·V), each consumer
+    computes the whole S of its own blocks, and the ``vt_ldsm`` transpose is ``ldmatrix.trans``
+    and ``stmatrix`` with two ``prmt`` per pair of 32-bit words."""
     from strictops.ops import _sparse_mla_hopper as hopper
 
-    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, tr_cons=tr_cons)
+    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, tr_cons=tr_cons,
+                    vt_ldsm=vt_ldsm)
     # Per consumer, Q·Kᵀ of a whole 64-row block is d_qk / 32 m64n64k32 instructions, written
     # out twice (the peeled first pair and the loop); P·V is two m64n256k32 instructions
     # (k = 64 rows), at four places (the first and second P·V, each peeled and in the loop).
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") == 4 * d_qk // 32
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3") == 2 * 4 * 2
     assert "f16.f16" not in ptx
+    # A warpgroup moves 16 KiB (64 rows x 256 columns) in 8 x4 instructions; the consumers
+    # transpose two such halves per pair at two places each (peeled and in the loop), the
+    # producer both halves of a block at one; each P store is 2 stmatrix per consumer and place.
+    transposes = 8 * (2 * 2 * 2 if tr_cons else 2)
+    ldsm_t = ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16")
+    assert ldsm_t == (transposes if vt_ldsm else 0)
+    if vt_ldsm:
+        assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == transposes + 2 * 2 * 2
+        assert ptx.count("prmt.b32") == ptx.count("0x6420") + ptx.count("0x7531") == 4 * ldsm_t
+
+
+def test_hopper_vt_transpose_index_algebra():
+    """The ``vt_ldsm`` transpose's index algebra, modelled with the kernel's own permutations:
+    the int16 words it loads, split, byte-permuted (``prmt``), joined and stores give Vᵀ with
+    rows ρ(d) and columns σ(n), and P with columns relabelled by σ times that Vᵀ, its columns
+    relabelled by ρ, is P·V exactly (integers in float64)."""
+    hopper = pytest.importorskip("strictops.ops._sparse_mla_hopper")
+
+    def prmt(a, b, selector):  # PTX prmt.b32 on 32-bit words held in int64
+        source = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF
+                                                            for i in range(4)]
+        return sum(source[(selector >> (4 * i)) & 0xF] << (8 * i) for i in range(4))
+
+    def packed(t):  # registers 0 and 1 in one 32-bit word, register 0 in the low half
+        return (t[..., 0].long() & 0xFFFF) | ((t[..., 1].long() & 0xFFFF) << 16)
+
+    def unpacked(w):  # the inverse: int16 [..., 2]
+        return torch.stack([w & 0xFFFF, w >> 16], -1).to(torch.int32).to(torch.int16)
+
+    gen = torch.Generator().manual_seed(0)
+    for j in (32, 64, 128):
+        v = torch.randint(0, 256, (64, 2 * j), generator=gen, dtype=torch.uint8)
+        words = v.view(torch.int16)  # little endian: word j = column 2j | column 2j + 1 << 8
+        x = words.reshape(2, 2, 2, 2, 2, 2, j).permute(hopper._TR_SPLIT.value)
+        a, b = packed(x[..., 0]), packed(x[..., 1])
+        o0, o1 = unpacked(prmt(a, b, 0x6420)), unpacked(prmt(a, b, 0x7531))
+        y = torch.stack([o0, o1], -1).reshape(2, 2, 2, 2, j // 8, 2, 2, 2, 2, 2)
+        vt = y.permute(hopper._TR_JOIN.value).reshape(2 * j, 32).contiguous().view(torch.uint8)
+        p = torch.randint(-8, 9, (64, 64), generator=gen).double()
+        p_cols = p.reshape(64, 2, 2, 2, 2, 2, 2).permute(hopper._P_COLS.value).reshape(64, 64)
+        o = p_cols @ vt.double().T  # what the P·V wgmma computes: [64 heads, 2j rows of Vᵀ]
+        rho = [(d & ~9) | ((d & 1) << 3) | ((d >> 3) & 1) for d in range(2 * j)]
+        assert torch.equal(o, (p @ v.double())[:, rho])  # column r of O is column ρ(r)
+        if j == 128:  # one consumer's 256 output columns, relabelled as the epilogue does
+            out = o.reshape(64, 16, 2, 2, 2, 2).permute(hopper._O_COLS.value).reshape(64, 256)
+            assert torch.equal(out, p @ v.double())
 
 
 @pytest.fixture(params=["auto", "triton"])
@@ -729,6 +778,35 @@ def test_gpu_hopper_runs_the_warp_specialized_kernel_close_to_the_triton_one(mon
     assert op.relative_l2(ours[0], theirs[0]) <= 4e-3, f"seed {seed}"
     assert torch.equal(ours[1].isinf(), theirs[1].isinf()), f"seed {seed}"
     assert torch.allclose(ours[2], theirs[2], rtol=1e-4, atol=1e-4), f"seed {seed}"
+
+
+@gpu
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+@pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
+                                    {"tr_cols": 128}, {"tr_early": True}],
+                         ids=["default", "blocked-transpose", "producer-transpose", "tr128",
+                              "early"])
+def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
+    """The block-pair kernel (``_sparse_mla_hopper``, not the op's default) on an sm_90 GPU with
+    each V transpose: poisoned buffers, invalid indices, empty rows, partial lengths, attn_sink;
+    within the GPU bounds of float64 (its P·V in FP8 costs accuracy), nothing counted."""
+    if op._sparse_mla_gluon is None or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the block-pair kernel needs Gluon and an sm_90 GPU")
+    from strictops.ops import _sparse_mla_hopper as hopper
+
+    gen, seed = _fresh_generator()
+    dims = contract.Dims(s_q=96, s_kv=3000, h_q=128, d_qk=d_qk, topk=512, with_topk_length=True,
+                         with_attn_sink=True, with_buffers=True, with_errors=True,
+                         device="cuda")
+    args = op.random_inputs(dims, gen)
+    expected = op.reference(**_inputs(args))
+    outputs = (args["out"], args["max_logits"], args["lse"])
+    hopper.launch(*(args[k] for k in op.INPUTS if k != "d_v"), *outputs,
+                  args["topk_length_errors"], **tuning)
+    passed, detail = op.compare_to_reference(outputs, expected, op.GPU_REL_L2_BOUND,
+                                             op.GPU_LOGIT_TOL)
+    assert passed, f"seed {seed}: {detail}"
+    assert int(args["topk_length_errors"].item()) == 0
 
 
 @gpu
