@@ -1,8 +1,8 @@
 """A block-pair Hopper (sm_90) kernel of sparse MLA prefill, in Gluon (``triton.experimental``).
 
-Not the op's default: ``strictops.ops.sparse_mla_prefill`` runs ``_sparse_mla_gluon`` on sm_90,
-which measured 1-5% faster than this kernel on the H200 (``docs/design/sparse_mla_prefill.md``;
-``benchmarks/experiments/sparse_mla_hopper.py`` checks and times both). Importing this module
+The op's default on sm_90 (``strictops.ops._sparse_mla_sm90`` selects), the fastest of its
+kernels on the H200 (``docs/design/sparse_mla_prefill.md``;
+``benchmarks/experiments/sparse_mla_hopper.py`` checks and times them side by side). Importing this module
 needs Gluon's Hopper API (``ImportError`` otherwise). It computes what the op's kernels compute
 (see ``strictops.ops.sparse_mla_prefill``) from the same validated arguments.
 

@@ -283,12 +283,15 @@ def _eager_and_jit(launch_eager, launch_jit):
         assert cached[13:] == _as_launched(reference[13:])
 
 
-def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch):
+@pytest.mark.parametrize("sm90_kernel", ["block_pair", "shared_s"])
+def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch, sm90_kernel):
     from strictops.ops import sparse_mla_prefill as sparse
-    ws = sparse._sparse_mla_gluon
+    ws = sparse._sparse_mla_sm90
     if ws is None:
         pytest.skip("this Triton has no Gluon")
-    monkeypatch.setattr(ws, "_LAUNCHER", Launcher(ws.sparse_mla_ws_kernel))
+    monkeypatch.setattr(ws, "KERNEL", sm90_kernel)
+    monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
+                                           for name, launcher in ws._LAUNCHERS.items()})
     q = torch.zeros(2, 64, 576, dtype=torch.float8_e4m3fn)
     kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
     indices = torch.zeros(2, 1, 128, dtype=torch.int32)

@@ -28,7 +28,7 @@ from strictops.ops import sparse_mla_prefill as sparse
 from strictops.ops import transport_pool as tp
 from strictops.ops._dispatch import can_skip_dispatcher
 
-ws = sparse._sparse_mla_gluon  # the Gluon kernel module; None on a Triton without Gluon
+ws = sparse._sparse_mla_sm90  # the sm_90 launch path; None on a Triton without Gluon
 
 CALLS = 200
 
