@@ -3,18 +3,33 @@
 Times (``timeit``, best of five rounds, microseconds per call; no synchronisation inside, so
 these are host costs) the pieces of each op's eager path at its smallest benchmark shape: the
 dispatch gate, the contract in full and cached, the allocations, the launch through
-``JITFunction.run`` and through the cached launcher, and the whole path before (validation in
-full, ``kernel[grid]``) and after. The GPU runs the launched kernels meanwhile; each round of
-calls is short enough for the launch queue.
+``JITFunction.run``, through the cached launcher and the C launch alone (the driver's part),
+and the whole path before (validation in full, ``kernel[grid]``) and after. Each public call
+is also timed as ``bench_eager_host_cost.py`` times it (``*_bench_host``: median of five rounds
+of 300 calls after a synchronisation and 50 calls, the garbage collector on), and the mamba
+scatter besides on a tiny state (the same host path, next to no GPU work) and back to back on
+the GPU (``device_back_to_back``: events around 200 calls), which tells a host-bound call from
+a GPU-bound one. A piece the code under test lacks is ``null``.
 
-    python benchmarks/experiments/eager_host_pieces.py [--json out.json]
+    python benchmarks/experiments/eager_host_pieces.py [--json out.json] [--before DIR]
+
+``--before DIR``: also time the same pieces with the ``strictops`` of the checkout ``DIR`` (an
+older revision, e.g. ``git archive REV --prefix=.before/ | tar -x``), in a second process, and
+print both side by side with their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
 import timeit
+from pathlib import Path
 
 import torch
 
@@ -31,14 +46,64 @@ from strictops.ops._dispatch import can_skip_dispatcher
 ws = sparse._sparse_mla_gluon  # the Gluon kernel module; None on a Triton without Gluon
 
 CALLS = 200
+BENCH_ROUNDS, BENCH_WARM, BENCH_CALLS = 5, 50, 300  # bench_eager_host_cost.host_us's
 
 
-def per_call_us(fn) -> float:
-    fn()
+def per_call_us(fn) -> float | None:
+    """Best of five rounds of CALLS calls (timeit: the garbage collector off); None when the
+    code under test lacks what ``fn`` calls."""
+    try:
+        fn()
+    except (AttributeError, TypeError, KeyError, StopIteration):
+        return None
     torch.cuda.synchronize()
     best = min(timeit.repeat(fn, number=CALLS, repeat=5)) / CALLS * 1e6
     torch.cuda.synchronize()
     return best
+
+
+def bench_host_us(fn) -> float:
+    """The benchmark's host time per call: the median of BENCH_ROUNDS rounds of BENCH_CALLS
+    calls, each after a synchronisation and BENCH_WARM untimed calls."""
+    samples = []
+    for _ in range(BENCH_ROUNDS):
+        torch.cuda.synchronize()
+        for _ in range(BENCH_WARM):
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(BENCH_CALLS):
+            fn()
+        samples.append((time.perf_counter() - t0) / BENCH_CALLS * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def back_to_back_device_us(fn, calls: int = 200) -> float:
+    """GPU time per call over ``calls`` back-to-back calls (events around them all)."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def c_launch_us(launcher, grid, args, options) -> float | None:
+    """The C launch of a prepared specialisation alone, its argument values made once: what
+    the driver and Triton's C launcher cost, without the Python around them."""
+    def launch():
+        prepared = launcher.prepared[launcher.key(args, options)]
+        values = launcher.arguments(args)[1]
+        stream = torch.cuda.current_stream().cuda_stream
+        return lambda: prepared.launch(*grid, stream, *prepared.head, *values)
+    try:
+        fn = launch()
+    except (AttributeError, TypeError, KeyError):
+        return None
+    return per_call_us(fn)
 
 
 def sparse_pieces() -> dict:
@@ -54,6 +119,17 @@ def sparse_pieces() -> dict:
                    None, out, ml, lse, None)
     gluon = sparse.warp_specialized(q)
     grid, runtime = sparse._runtime_arguments(*launch_args)
+    if gluon:
+        t = ws.TUNING
+        launcher, options = ws._LAUNCHER, (("num_warps", 4), ("maxnreg", t["max_regs"]))
+        kernel_args = (*runtime, 576, False, False, False, t["num_stages"], t["consumer_regs"],
+                       t["producer_regs"], t["lag"])
+    else:
+        t = sparse.TUNING
+        launcher = sparse._LAUNCHER
+        options = (("num_warps", t["num_warps"]), ("num_stages", t["num_stages"]))
+        kernel_args = (*runtime, 576, False, False, False, smp.HEAD_BLOCK, t["block_n"])
+    public = lambda: sparse.sparse_mla_q8kv8_prefill_fwd(*args[:9])  # noqa: E731
     return {
         "kernel": "gluon" if gluon else "triton",
         "gate": per_call_us(lambda: can_skip_dispatcher(*(t for t in args if t is None or
@@ -71,29 +147,36 @@ def sparse_pieces() -> dict:
         "launch_jit": per_call_us(
             (lambda: ws.launch(*launch_args)) if gluon else
             (lambda: sparse._launch(sparse._sparse_mla_prefill_kernel, *launch_args))),
-        "launch_cached": per_call_us(
-            (lambda: ws.launch_eager(grid, runtime, 576, False, False, False, 0)) if gluon else
-            (lambda: sparse._LAUNCHER(grid, (*runtime, 576, False, False, False, 64, 64),
-                                      (("num_warps", 8), ("num_stages", 2)), 0))),
+        "launch_cached": per_call_us(lambda: launcher(grid, kernel_args, options, 0)),
+        "launcher_key": per_call_us(lambda: launcher.arguments(kernel_args)),
+        "launch_c_only": c_launch_us(launcher, grid, kernel_args, options),
         "path_before": per_call_us(lambda: sparse._forward(sparse._sparse_mla_prefill_kernel,
                                                            True, *args)),
         "path_after": per_call_us(lambda: sparse._eager(*args)),
-        "public_no_out": per_call_us(lambda: sparse.sparse_mla_q8kv8_prefill_fwd(*args[:9])),
+        "public_no_out": per_call_us(public),
         "public_out": per_call_us(lambda: sparse.sparse_mla_q8kv8_prefill_fwd(
             *args[:9], out=out, max_logits=ml, lse=lse)),
+        "public_no_out_bench_host": bench_host_us(public),
         "dispatcher_op": per_call_us(lambda: torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(
             *args)),
     }
 
 
+def _mamba_call(layers, cache, state, requests=1, draft=4):
+    dst = torch.zeros(layers, cache, *state, device="cuda")
+    src = torch.zeros(layers, requests, draft, *state, device="cuda")
+    slots = torch.arange(requests, dtype=torch.int32, device="cuda")
+    steps = torch.zeros(requests, dtype=torch.int32, device="cuda")
+    return dst, src, slots, steps, None
+
+
 def mamba_pieces() -> dict:
-    dst = torch.zeros(36, 512, 8, 128, 128, device="cuda")
-    src = torch.zeros(36, 1, 4, 8, 128, 128, device="cuda")
-    slots = torch.zeros(1, dtype=torch.int32, device="cuda")
-    steps = torch.zeros(1, dtype=torch.int32, device="cuda")
-    args = (dst, src, slots, steps, None)
+    args = _mamba_call(36, 512, (8, 128, 128))  # bench_eager_host_cost's 1-request shape
+    tiny = _mamba_call(1, 4, (16,))  # the same host path, next to no GPU work
     cached = CachedValidation(mss_contract.CONTRACT, mss_contract.ARGUMENTS)
     grid, kernel_args = mss._arguments(*args)
+    public = lambda: mss.fused_mamba_state_scatter_with_mask(*args)  # noqa: E731
+    public_tiny = lambda: mss.fused_mamba_state_scatter_with_mask(*tiny)  # noqa: E731
     return {
         "gate": per_call_us(lambda: can_skip_dispatcher(*args)),
         "contract_full": per_call_us(lambda: mss_contract.validate(*args)),
@@ -101,9 +184,15 @@ def mamba_pieces() -> dict:
         "arguments": per_call_us(lambda: mss._arguments(*args)),
         "launch_jit": per_call_us(lambda: mss._launch(mss._scatter_kernel, *args)),
         "launch_cached": per_call_us(lambda: mss._LAUNCHER(grid, kernel_args, mss._OPTIONS, 0)),
+        "launcher_key": per_call_us(lambda: mss._LAUNCHER.arguments(kernel_args)),
+        "launch_c_only": c_launch_us(mss._LAUNCHER, grid, kernel_args, mss._OPTIONS),
         "path_before": per_call_us(lambda: mss._forward(mss._scatter_kernel, True, *args)),
         "path_after": per_call_us(lambda: mss._eager(*args)),
-        "public": per_call_us(lambda: mss.fused_mamba_state_scatter_with_mask(*args)),
+        "public": per_call_us(public),
+        "public_bench_host": bench_host_us(public),
+        "public_tiny": per_call_us(public_tiny),
+        "public_tiny_bench_host": bench_host_us(public_tiny),
+        "device_back_to_back": back_to_back_device_us(public),
     }
 
 
@@ -111,7 +200,7 @@ def transport_pieces() -> dict:
     pool = TransportPool(data_start(64, 2) + (4 << 20), device="cuda:0", consumer_count=2,
                          max_inflight_slices=64, recycle_interval=None, name="pieces")
     out = {}
-    for name, nbytes in (("64KiB", 64 << 10), ("1MiB", 1 << 20), ("2MiB", 2 << 20)):
+    for name, nbytes in (("64KiB", 64 << 10), ("1MiB", 1 << 20)):
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         lease = pool.lease(nbytes)
         state = pool._state[lease.slot]
@@ -128,8 +217,9 @@ def transport_pieces() -> dict:
             "view_of_lease": per_call_us(lambda: pool.tensor[lease.start:lease.start + nbytes]),
             "launch_jit": per_call_us(lambda: tp._launch(tp._publish_kernel, pool.tensor, src,
                                                          state, state, 64, 2, values=lease)),
-            "launch_cached": per_call_us(lambda: pool._publish_lease(src, lease)),
+            "publish": per_call_us(lambda: pool._publish_lease(src, lease)),
             "copy_tensor": per_call_us(copy_tensor),
+            "copy_tensor_bench_host": bench_host_us(copy_tensor),
             "copy_": per_call_us(lambda: pool.tensor[lease.start:lease.start + nbytes].copy_(
                 src)),
         }
@@ -138,21 +228,57 @@ def transport_pieces() -> dict:
     return out
 
 
+def pieces() -> dict:
+    one = torch.zeros(1, device="cuda")
+    return {"trivial_op": per_call_us(lambda: one.add_(1)),
+            "empty_1": per_call_us(lambda: torch.empty(1, device="cuda")),
+            "sparse_mla_prefill": sparse_pieces(),
+            "mamba_state_scatter": mamba_pieces(),
+            "transport_publish": transport_pieces()}
+
+
+def before_pieces(checkout: Path) -> dict:
+    """:func:`pieces` with the ``strictops`` of ``checkout``, in a second process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.symlink(checkout.resolve(), Path(tmp) / "strictops")
+        result = Path(tmp) / "before.json"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [tmp, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        subprocess.run([sys.executable, __file__, "--json", str(result)], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        return json.loads(result.read_text())
+
+
+def side_by_side(before: dict, after: dict, prefix: str = "") -> list[str]:
+    """``piece  before  after  after/before`` lines, one per piece of either."""
+    lines = []
+    for key in {**before, **after}:
+        b, a = before.get(key), after.get(key)
+        if isinstance(a, dict) or isinstance(b, dict):
+            lines += side_by_side(b or {}, a or {}, f"{prefix}{key}.")
+            continue
+        fmt = lambda v: f"{v:8.2f}" if isinstance(v, float) else f"{v!s:>8}"  # noqa: E731
+        ratio = f"{a / b:6.2f}" if isinstance(a, float) and isinstance(b, float) else ""
+        lines.append(f"{prefix + key:52s} {fmt(b)} {fmt(a)} {ratio}")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
+    ap.add_argument("--before", type=Path, default=None,
+                    help="a checkout of an older revision to time beside this one")
     args = ap.parse_args()
-    one = torch.zeros(1, device="cuda")
-    result = {"trivial_op": per_call_us(lambda: one.add_(1)),
-              "empty_1": per_call_us(lambda: torch.empty(1, device="cuda")),
-              "sparse_mla_prefill": sparse_pieces(),
-              "mamba_state_scatter": mamba_pieces(),
-              "transport_publish": transport_pieces()}
+    result = pieces()
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
         with open(args.json, "w") as f:
             f.write(text)
+    if args.before:
+        before = before_pieces(args.before)
+        print(f"\n{'piece (us per call)':52s} {'before':>8} {'after':>8} after/before")
+        print("\n".join(side_by_side(before, result)))
 
 
 if __name__ == "__main__":
