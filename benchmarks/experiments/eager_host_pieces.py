@@ -23,11 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import timeit
 from pathlib import Path
 
@@ -45,8 +43,10 @@ from strictops.ops._dispatch import can_skip_dispatcher
 
 ws = sparse._sparse_mla_gluon  # the Gluon kernel module; None on a Triton without Gluon
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_eager_host_cost import host_us as bench_host_us  # noqa: E402
+
 CALLS = 200
-BENCH_ROUNDS, BENCH_WARM, BENCH_CALLS = 5, 50, 300  # bench_eager_host_cost.host_us's
 
 
 def per_call_us(fn) -> float | None:
@@ -60,22 +60,6 @@ def per_call_us(fn) -> float | None:
     best = min(timeit.repeat(fn, number=CALLS, repeat=5)) / CALLS * 1e6
     torch.cuda.synchronize()
     return best
-
-
-def bench_host_us(fn) -> float:
-    """The benchmark's host time per call: the median of BENCH_ROUNDS rounds of BENCH_CALLS
-    calls, each after a synchronisation and BENCH_WARM untimed calls."""
-    samples = []
-    for _ in range(BENCH_ROUNDS):
-        torch.cuda.synchronize()
-        for _ in range(BENCH_WARM):
-            fn()
-        t0 = time.perf_counter()
-        for _ in range(BENCH_CALLS):
-            fn()
-        samples.append((time.perf_counter() - t0) / BENCH_CALLS * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 def back_to_back_device_us(fn, calls: int = 200) -> float:
