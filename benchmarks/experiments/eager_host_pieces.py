@@ -75,19 +75,35 @@ def back_to_back_device_us(fn, calls: int = 200) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
+def recorded_launch(owner, call) -> tuple:
+    """``(launcher, grid, args, options)`` of the last launch ``call()`` makes through
+    ``owner._LAUNCHER`` (a module's cached launcher), so that the pieces launch exactly what
+    the eager path launches."""
+    launcher, seen = owner._LAUNCHER, []
+
+    def spy(grid, args, options=(), device=None):
+        seen.append((launcher, tuple(grid), tuple(args), options))
+        return launcher(grid, args, options, device)
+
+    owner._LAUNCHER = spy
+    try:
+        call()
+    finally:
+        owner._LAUNCHER = launcher
+    return seen[-1]
+
+
 def c_launch_us(launcher, grid, args, options) -> float | None:
     """The C launch of a prepared specialisation alone, its argument values made once: what
     the driver and Triton's C launcher cost, without the Python around them."""
-    def launch():
+    try:
         prepared = launcher.prepared[launcher.key(args, options)]
         values = launcher.arguments(args)[1]
-        stream = torch.cuda.current_stream().cuda_stream
-        return lambda: prepared.launch(*grid, stream, *prepared.head, *values)
-    try:
-        fn = launch()
     except (AttributeError, TypeError, KeyError):
         return None
-    return per_call_us(fn)
+    stream = torch.cuda.current_stream().cuda_stream
+    grid = (*grid, 1, 1)[:3]
+    return per_call_us(lambda: prepared.launch(*grid, stream, *prepared.head, *values))
 
 
 def sparse_pieces() -> dict:
@@ -102,17 +118,8 @@ def sparse_pieces() -> dict:
     launch_args = (q, a["kv"], a["indices"], a["sm_scale"], a["q_scale"], a["kv_scale"], None,
                    None, out, ml, lse, None)
     gluon = sparse.warp_specialized(q)
-    grid, runtime = sparse._runtime_arguments(*launch_args)
-    if gluon:
-        t = ws.TUNING
-        launcher, options = ws._LAUNCHER, (("num_warps", 4), ("maxnreg", t["max_regs"]))
-        kernel_args = (*runtime, 576, False, False, False, t["num_stages"], t["consumer_regs"],
-                       t["producer_regs"], t["lag"])
-    else:
-        t = sparse.TUNING
-        launcher = sparse._LAUNCHER
-        options = (("num_warps", t["num_warps"]), ("num_stages", t["num_stages"]))
-        kernel_args = (*runtime, 576, False, False, False, smp.HEAD_BLOCK, t["block_n"])
+    launcher, grid, kernel_args, options = recorded_launch(ws if gluon else sparse,
+                                                           lambda: sparse._eager(*args))
     public = lambda: sparse.sparse_mla_q8kv8_prefill_fwd(*args[:9])  # noqa: E731
     return {
         "kernel": "gluon" if gluon else "triton",
@@ -158,7 +165,7 @@ def mamba_pieces() -> dict:
     args = _mamba_call(36, 512, (8, 128, 128))  # bench_eager_host_cost's 1-request shape
     tiny = _mamba_call(1, 4, (16,))  # the same host path, next to no GPU work
     cached = CachedValidation(mss_contract.CONTRACT, mss_contract.ARGUMENTS)
-    grid, kernel_args = mss._arguments(*args)
+    launcher, grid, kernel_args, options = recorded_launch(mss, lambda: mss._eager(*args))
     public = lambda: mss.fused_mamba_state_scatter_with_mask(*args)  # noqa: E731
     public_tiny = lambda: mss.fused_mamba_state_scatter_with_mask(*tiny)  # noqa: E731
     return {
@@ -167,9 +174,9 @@ def mamba_pieces() -> dict:
         "contract_cached": per_call_us(lambda: cached(*args)),
         "arguments": per_call_us(lambda: mss._arguments(*args)),
         "launch_jit": per_call_us(lambda: mss._launch(mss._scatter_kernel, *args)),
-        "launch_cached": per_call_us(lambda: mss._LAUNCHER(grid, kernel_args, mss._OPTIONS, 0)),
-        "launcher_key": per_call_us(lambda: mss._LAUNCHER.arguments(kernel_args)),
-        "launch_c_only": c_launch_us(mss._LAUNCHER, grid, kernel_args, mss._OPTIONS),
+        "launch_cached": per_call_us(lambda: launcher(grid, kernel_args, options, 0)),
+        "launcher_key": per_call_us(lambda: launcher.arguments(kernel_args)),
+        "launch_c_only": c_launch_us(launcher, grid, kernel_args, options),
         "path_before": per_call_us(lambda: mss._forward(mss._scatter_kernel, True, *args)),
         "path_after": per_call_us(lambda: mss._eager(*args)),
         "public": per_call_us(public),
@@ -188,6 +195,8 @@ def transport_pieces() -> dict:
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         lease = pool.lease(nbytes)
         state = pool._state[lease.slot]
+        launcher, grid, kernel_args, options = recorded_launch(
+            tp, lambda: pool._publish_lease(src, lease))
 
         def copy_tensor():
             leased, _ = pool.copy_tensor(src)
@@ -202,6 +211,9 @@ def transport_pieces() -> dict:
             "launch_jit": per_call_us(lambda: tp._launch(tp._publish_kernel, pool.tensor, src,
                                                          state, state, 64, 2, values=lease)),
             "publish": per_call_us(lambda: pool._publish_lease(src, lease)),
+            "launch_cached": per_call_us(lambda: launcher(grid, kernel_args, options, 0)),
+            "launcher_key": per_call_us(lambda: launcher.arguments(kernel_args)),
+            "launch_c_only": c_launch_us(launcher, grid, kernel_args, options),
             "copy_tensor": per_call_us(copy_tensor),
             "copy_tensor_bench_host": bench_host_us(copy_tensor),
             "copy_": per_call_us(lambda: pool.tensor[lease.start:lease.start + nbytes].copy_(
