@@ -7,9 +7,9 @@ dispatch gate, the contract in full and cached, the allocations, the launch thro
 and the whole path before (validation in full, ``kernel[grid]``) and after. Each public call
 is also timed as ``bench_eager_host_cost.py`` times it (``*_bench_host``: median of five rounds
 of 300 calls after a synchronisation and 50 calls, the garbage collector on), and the mamba
-scatter besides on a tiny state (the same host path, next to no GPU work) and back to back on
-the GPU (``device_back_to_back``: events around 200 calls), which tells a host-bound call from
-a GPU-bound one. A piece the code under test lacks is ``null``.
+scatter besides on a tiny state (the same host path, next to no GPU work), with 64 requests
+(the GPU slower than the host) and back to back on the GPU (``device_back_to_back``: events
+around 200 calls), which tells a host-bound call from a GPU-bound one. A piece the code under test lacks is ``null``.
 
     python benchmarks/experiments/eager_host_pieces.py [--json out.json] [--before DIR]
 
@@ -164,6 +164,7 @@ def _mamba_call(layers, cache, state, requests=1, draft=4):
 def mamba_pieces() -> dict:
     args = _mamba_call(36, 512, (8, 128, 128))  # bench_eager_host_cost's 1-request shape
     tiny = _mamba_call(1, 4, (16,))  # the same host path, next to no GPU work
+    busy = _mamba_call(36, 512, (8, 128, 128), requests=64)  # the GPU slower than the host
     cached = CachedValidation(mss_contract.CONTRACT, mss_contract.ARGUMENTS)
     launcher, grid, kernel_args, options = recorded_launch(mss, lambda: mss._eager(*args))
     public = lambda: mss.fused_mamba_state_scatter_with_mask(*args)  # noqa: E731
@@ -183,6 +184,8 @@ def mamba_pieces() -> dict:
         "public_bench_host": bench_host_us(public),
         "public_tiny": per_call_us(public_tiny),
         "public_tiny_bench_host": bench_host_us(public_tiny),
+        "public_64_requests_bench_host": bench_host_us(
+            lambda: mss.fused_mamba_state_scatter_with_mask(*busy)),
         "device_back_to_back": back_to_back_device_us(public),
     }
 
@@ -272,6 +275,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             f.write(text)
     if args.before:
+        torch.cuda.empty_cache()  # the second process allocates the same again
         before = before_pieces(args.before)
         print(f"\n{'piece (us per call)':52s} {'before':>8} {'after':>8} after/before")
         print("\n".join(side_by_side(before, result)))
