@@ -5,7 +5,8 @@ Two checks: its specialisation key is at least as fine as ``JITFunction``'s own 
 a recording stand-in for the CUDA driver (the kernels are really compiled for sm_90), a cached
 launch passes the C launcher exactly what ``JITFunction.run`` passes, and a call of another
 specialisation compiles its own kernel; likewise each op's eager launch (the Gluon sparse MLA
-kernel, the mamba scatter, the transport publish) against its ``kernel[grid]`` launch.
+kernel, the mamba scatter, the transport publish) against its ``kernel[grid]`` launch, and
+sparse MLA's eager path launches into exactly the outputs it returns.
 """
 
 from __future__ import annotations
