@@ -9,7 +9,9 @@ is also timed as ``bench_eager_host_cost.py`` times it (``*_bench_host``: median
 of 300 calls after a synchronisation and 50 calls, the garbage collector on), and the mamba
 scatter besides on a tiny state (the same host path, next to no GPU work), with 64 requests
 (the GPU slower than the host) and back to back on the GPU (``device_back_to_back``: events
-around 200 calls), which tells a host-bound call from a GPU-bound one. A piece the code under test lacks is ``null``.
+around 200 calls), which tells a host-bound call from a GPU-bound one. ``*_gpu_busy``: the
+benchmark's host time with a spin kernel keeping the GPU busy throughout, which tells whether a
+launch costs the host more when the GPU is idle. A piece the code under test lacks is ``null``.
 
     python benchmarks/experiments/eager_host_pieces.py [--json out.json] [--before DIR]
 
@@ -60,6 +62,24 @@ def per_call_us(fn) -> float | None:
     best = min(timeit.repeat(fn, number=CALLS, repeat=5)) / CALLS * 1e6
     torch.cuda.synchronize()
     return best
+
+
+def busy_gpu_host_us(fn, rounds: int = 5, warm: int = 50, calls: int = 300) -> float:
+    """:func:`bench_host_us` with the GPU kept busy by a spin kernel queued before each round
+    (about 20 ms at 2 GHz, longer than the round's launches take): the launches then queue
+    behind it, so this is the host's time per call when the GPU is never idle."""
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(40_000_000)
+        for _ in range(warm):
+            fn()
+        t0 = timeit.default_timer()
+        for _ in range(calls):
+            fn()
+        samples.append((timeit.default_timer() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return sorted(samples)[rounds // 2]
 
 
 def back_to_back_device_us(fn, calls: int = 200) -> float:
@@ -184,6 +204,7 @@ def mamba_pieces() -> dict:
         "public_bench_host": bench_host_us(public),
         "public_tiny": per_call_us(public_tiny),
         "public_tiny_bench_host": bench_host_us(public_tiny),
+        "public_bench_host_gpu_busy": busy_gpu_host_us(public),
         "public_64_requests_bench_host": bench_host_us(
             lambda: mss.fused_mamba_state_scatter_with_mask(*busy)),
         "device_back_to_back": back_to_back_device_us(public),
@@ -214,6 +235,9 @@ def transport_pieces() -> dict:
             "launch_jit": per_call_us(lambda: tp._launch(tp._publish_kernel, pool.tensor, src,
                                                          state, state, 64, 2, values=lease)),
             "publish": per_call_us(lambda: pool._publish_lease(src, lease)),
+            "publish_bench_host": bench_host_us(lambda: pool._publish_lease(src, lease)),
+            "publish_bench_host_gpu_busy": busy_gpu_host_us(
+                lambda: pool._publish_lease(src, lease)),
             "launch_cached": per_call_us(lambda: launcher(grid, kernel_args, options, 0)),
             "launcher_key": per_call_us(lambda: launcher.arguments(kernel_args)),
             "launch_c_only": c_launch_us(launcher, grid, kernel_args, options),
@@ -230,6 +254,8 @@ def transport_pieces() -> dict:
 def pieces() -> dict:
     one = torch.zeros(1, device="cuda")
     return {"trivial_op": per_call_us(lambda: one.add_(1)),
+            "trivial_op_bench_host": bench_host_us(lambda: one.add_(1)),
+            "trivial_op_bench_host_gpu_busy": busy_gpu_host_us(lambda: one.add_(1)),
             "empty_1": per_call_us(lambda: torch.empty(1, device="cuda")),
             "sparse_mla_prefill": sparse_pieces(),
             "mamba_state_scatter": mamba_pieces(),
