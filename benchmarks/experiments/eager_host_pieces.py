@@ -64,22 +64,11 @@ def per_call_us(fn) -> float | None:
     return best
 
 
-def busy_gpu_host_us(fn, rounds: int = 5, warm: int = 50, calls: int = 300) -> float:
-    """:func:`bench_host_us` with the GPU kept busy by a spin kernel queued before each round
-    (about 20 ms at 2 GHz, longer than the round's launches take): the launches then queue
+def busy_gpu_host_us(fn) -> float:
+    """:func:`bench_host_us` with the GPU kept busy by a spin kernel queued at the start of each
+    round (about 20 ms at 2 GHz, longer than the round's launches take): the launches queue
     behind it, so this is the host's time per call when the GPU is never idle."""
-    samples = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(40_000_000)
-        for _ in range(warm):
-            fn()
-        t0 = timeit.default_timer()
-        for _ in range(calls):
-            fn()
-        samples.append((timeit.default_timer() - t0) / calls * 1e6)
-    torch.cuda.synchronize()
-    return sorted(samples)[rounds // 2]
+    return bench_host_us(fn, round_start=lambda: torch.cuda._sleep(40_000_000))
 
 
 def back_to_back_device_us(fn, calls: int = 200) -> float:
