@@ -64,13 +64,16 @@ def _originals():
     return originals
 
 
-def host_us(fn) -> float:
+def host_us(fn, round_start=None) -> float:
     """The host's time per call of ``fn``: median over ROUNDS rounds of HOST_CALLS calls, each
     round after a synchronisation and WARM_CALLS untimed calls (the first calls after a wait
-    are slower); the launches of a round fit in the launch queue, so the host never waits."""
+    are slower); the launches of a round fit in the launch queue, so the host never waits.
+    ``round_start``: called right after each synchronisation (e.g. to queue GPU work)."""
     samples = []
     for _ in range(ROUNDS):
         torch.cuda.synchronize()
+        if round_start is not None:
+            round_start()
         for _ in range(WARM_CALLS):
             fn()
         t0 = time.perf_counter()

@@ -294,7 +294,10 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
     if max_logits is None and lse is None:
         max_logits, lse = torch.empty((2, s_q, h_q), dtype=torch.float32,
                                       device=q.device).unbind(0)
-    out, max_logits, lse, _ = _allocate(q, d_v, out, max_logits, lse)
+        if out is None:
+            out = torch.empty((s_q, h_q, d_v), dtype=torch.bfloat16, device=q.device)
+    elif out is None or max_logits is None or lse is None:
+        out, max_logits, lse, _ = _allocate(q, d_v, out, max_logits, lse)
     grid, runtime = _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
                                        topk_length, out, max_logits, lse, topk_length_errors)
     flags = (topk_length is not None, attn_sink is not None, topk_length_errors is not None)
