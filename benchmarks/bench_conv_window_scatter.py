@@ -40,14 +40,15 @@ SHAPES = [
     ("conv_1req", 36, 512, 2048, 3, torch.bfloat16, 1, 4, 1),
 ]
 # The kernel's tunings swept in graph replay (bytes of a program's run, layers per program,
-# warps); the op's defaults are m.TUNING.
-TUNING = [{"block_bytes": b, "layers": l, "num_warps": w}
-          for b, l, w in [(2048, 1, 4), (2048, 2, 4), (2048, 4, 4), (2048, 4, 8), (1024, 4, 4),
-                          (4096, 1, 4), (4096, 2, 8), (4096, 4, 8), (2048, 8, 8)]]
+# loads through the shared-memory exchange or not, warps); the op's defaults are m.TUNING.
+TUNING = [{"block_bytes": b, "layers": l, "exchange": x, "num_warps": w}
+          for b, l, x, w in [(2048, 1, False, 4), (2048, 2, False, 4), (2048, 4, False, 4),
+                             (2048, 4, False, 8), (4096, 4, False, 8), (2048, 1, True, 4),
+                             (2048, 2, True, 4), (2048, 4, True, 4), (4096, 4, True, 8)]]
 
 
 def tuning_name(v: dict) -> str:
-    return f"{v['block_bytes']}B/{v['layers']}L/{v['num_warps']}w"
+    return f"{v['block_bytes']}B/{v['layers']}L{'/x' if v['exchange'] else ''}/{v['num_warps']}w"
 
 
 def original():

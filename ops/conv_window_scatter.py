@@ -88,10 +88,25 @@ SLOW_PIECE: tl.constexpr = tl.constexpr(128)
 
 
 @triton.jit
+def layers_by_elements(layer0, N: tl.constexpr, LAYERS: tl.constexpr, EXCHANGE: tl.constexpr):
+    """The layer and element index of ``LAYERS`` x ``N`` lanes: a ``[LAYERS, N]`` tile
+    (``EXCHANGE``: Triton gives the gathering load a layout of its own, consecutive elements
+    in consecutive lanes, and the store's 8-element vectors reach the threads through shared
+    memory) or one flat ``[LAYERS * N]`` run, layer-major (the load takes the store's
+    layout: 8 consecutive elements a thread, no exchange)."""
+    if EXCHANGE:
+        return layer0 + tl.arange(0, LAYERS)[:, None], tl.arange(0, N)[None, :]
+    else:
+        f = tl.arange(0, LAYERS * N)
+        return layer0 + f // N, f % N
+
+
+@triton.jit
 def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, dim, km1,
                 dst_layer_stride, dst_slot_stride, src_layer_stride, src_row_stride,
                 src_step_stride, src_dim_stride, src_win_stride,
-                BLOCK: tl.constexpr, LAYERS: tl.constexpr, I32_REACH: tl.constexpr):
+                BLOCK: tl.constexpr, LAYERS: tl.constexpr, EXCHANGE: tl.constexpr,
+                I32_REACH: tl.constexpr):
     """``dst[l, slot].flatten()[e] = src[l, row, step, e // km1, e % km1]`` for the layers
     ``l`` in ``[layer0, layer0 + LAYERS)`` below ``num_layers`` and the ``BLOCK`` flat entry
     elements ``e`` of ``chunk`` that lie inside the entry. ``layer0``, ``slot``, ``row``,
@@ -100,7 +115,7 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
     dst_ptr: ``[num_layers, *, dim, km1]`` through its layer and slot strides, entry
     contiguous: the stores are contiguous runs of ``BLOCK`` elements (16-byte vectors where
     aligned). src_ptr: ``[num_layers, *, *, dim, km1]`` through its five strides (overlapping
-    windows).
+    windows). ``EXCHANGE``: how loads reach the stores' layout (``layers_by_elements``).
 
     ``km1`` is a runtime value (never a constexpr: a size would be specialised), so ``e`` is
     decoded without a division, once for all ``LAYERS`` layers: ``e // km1 = umulhi(2e,
@@ -109,20 +124,15 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
     ``I32_REACH``. A larger entry or stride takes the int64 path. Either way ``e < dim * km1``
     bounds every access. Design note: docs/design/conv_window_scatter.md#kernel-shape
     """
-    # One flat run over LAYERS x BLOCK elements (layer-major): a 1D tensor lets the loads
-    # take the stores' layout, with no shared-memory exchange between them.
-    f = tl.arange(0, LAYERS * BLOCK)
-    layer = layer0 + f // BLOCK
-    i = f % BLOCK
-    in_layers = layer < num_layers
     n = tl.cast(dim, tl.int64) * km1
     e0 = chunk * BLOCK
-    src = src_ptr + row * src_row_stride + step * src_step_stride + layer * src_layer_stride
-    dst = dst_ptr + slot * dst_slot_stride + e0 + layer * dst_layer_stride + i
+    src = src_ptr + row * src_row_stride + step * src_step_stride
+    dst = dst_ptr + slot * dst_slot_stride + e0
     # Element e0 + i lies less than BLOCK rows and km1 columns past the run's first row.
     reach = (BLOCK * tl.cast(src_dim_stride, tl.int64)
              + tl.cast(km1, tl.int64) * src_win_stride)
     if (n * km1 < I32_REACH) & (reach < I32_REACH):
+        layer, i = layers_by_elements(layer0, BLOCK, LAYERS, EXCHANGE)
         k = tl.maximum(tl.cast(km1, tl.int32), 1)  # km1 = 0: an empty entry, nothing copied
         magic = ((1 << 31) - 1) // tl.cast(k, tl.uint32) + 1
         first = tl.cast(e0, tl.int32)
@@ -131,19 +141,23 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
         q = tl.umulhi(tl.cast(t * 2, tl.uint32), magic).to(tl.int32)
         off = q * tl.cast(src_dim_stride, tl.int32) + (t - q * k) * tl.cast(src_win_stride,
                                                                              tl.int32)
-        mask = in_layers & (i < n - e0)
+        mask = (layer < num_layers) & (i < n - e0)
         src += d0.to(tl.int64) * src_dim_stride
-        tl.store(dst, tl.load(src + off, mask=mask), mask=mask)
+        tl.store(dst + layer * dst_layer_stride + i,
+                 tl.load(src + layer * src_layer_stride + off, mask=mask), mask=mask)
     else:
         # In pieces of SLOW_PIECE elements: int64 decoding holds many registers per element.
+        piece_layer, j = layers_by_elements(layer0, SLOW_PIECE, LAYERS, False)
         k64 = tl.maximum(tl.cast(km1, tl.uint64), 1)
         magic64 = ((1 << 63) - 1) // k64 + 1
         for p in tl.range(0, BLOCK, SLOW_PIECE, num_stages=1):
-            e = e0 + p + i
+            e = e0 + p + j
             d = tl.umulhi(tl.cast(e * 2, tl.uint64), magic64).to(tl.int64)
             off64 = d * src_dim_stride + (e - d * km1) * src_win_stride
-            in_run = in_layers & (p + i < BLOCK) & (i < SLOW_PIECE) & (e < n)
-            tl.store(dst + p, tl.load(src + off64, mask=in_run), mask=in_run)
+            in_run = (piece_layer < num_layers) & (p + j < BLOCK) & (e < n)
+            tl.store(dst + piece_layer * dst_layer_stride + p + j,
+                     tl.load(src + piece_layer * src_layer_stride + off64, mask=in_run),
+                     mask=in_run)
 
 
 @triton.jit
@@ -154,7 +168,7 @@ def _scatter_kernel(
     src_layer_stride, src_row_stride, src_step_stride, src_dim_stride, src_win_stride,
     dst_idx_stride, step_idx_stride, src_idx_stride,
     HAS_SRC_INDICES: tl.constexpr, BLOCK: tl.constexpr, LAYERS: tl.constexpr,
-    I32_REACH: tl.constexpr, SCAN: tl.constexpr,
+    EXCHANGE: tl.constexpr, I32_REACH: tl.constexpr, SCAN: tl.constexpr,
 ):
     """Copy ``BLOCK`` elements of one request's conv window in ``LAYERS`` layers.
 
@@ -183,14 +197,15 @@ def _scatter_kernel(
     if valid and not later:
         copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, dim, km1,
                     dst_layer_stride, dst_slot_stride, src_layer_stride, src_row_stride,
-                    src_step_stride, src_dim_stride, src_win_stride, BLOCK, LAYERS, I32_REACH)
+                    src_step_stride, src_dim_stride, src_win_stride, BLOCK, LAYERS, EXCHANGE,
+                    I32_REACH)
 
 
 # Tuning, swept by benchmarks/bench_conv_window_scatter.py: bytes of one program's run of an
 # entry, layers per program (the run's decoding and the request's index loads are shared by
 # them) and warps per program. Registers and measurements:
 # docs/design/conv_window_scatter.md#kernel-shape.
-TUNING = {"block_bytes": 2048, "layers": 4, "num_warps": 4}
+TUNING = {"block_bytes": 2048, "layers": 4, "exchange": False, "num_warps": 4}
 # Requests compared per step of the duplicate-slot scan.
 SCAN = 128
 # The bound of copy_window's int32 path (e * km1 and the offsets within one run); the tests
@@ -204,7 +219,8 @@ def block_elements(element_size: int, block_bytes: int) -> int:
 
 
 def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-               block_bytes=TUNING["block_bytes"], layers=TUNING["layers"], i32_reach=I32_REACH):
+               block_bytes=TUNING["block_bytes"], layers=TUNING["layers"],
+               exchange=TUNING["exchange"], i32_reach=I32_REACH):
     """The grid and every kernel parameter, in signature order, of a call on validated inputs
     (on the eager hot path: each piece of metadata read once)."""
     shape, dst_strides, src_shape, s = dst.shape, dst.stride(), src.shape, src.stride()
@@ -218,16 +234,16 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
         n_requests, chunks, shape[0], shape[1], src_shape[1], src_shape[2], shape[2], shape[3],
         dst_strides[0], dst_strides[1], s[0], s[1], s[2], s[3], s[4],
         dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
-        src_indices_raw is not None, block, layers, i32_reach, SCAN,
+        src_indices_raw is not None, block, layers, exchange, i32_reach, SCAN,
     )
 
 
 def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
             block_bytes=TUNING["block_bytes"], layers=TUNING["layers"],
-            num_warps=TUNING["num_warps"], i32_reach=I32_REACH):
+            exchange=TUNING["exchange"], num_warps=TUNING["num_warps"], i32_reach=I32_REACH):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     grid, args = _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-                            block_bytes, layers, i32_reach)
+                            block_bytes, layers, exchange, i32_reach)
     runtime, constexprs = keyword_constexprs(_scatter_kernel, args)
     kernel[grid](*runtime, **constexprs, num_warps=num_warps)
 
