@@ -311,12 +311,13 @@ def test_sparse_mla_eager_allocates_and_launches_its_outputs(recording_driver, m
     ``lse``, when both are missing, as the halves of one allocation), each the one the launch
     writes. The contract is stood in for (its own tests cover it; these are CPU tensors)."""
     from strictops.ops import sparse_mla_prefill as sparse
-    ws = sparse._sparse_mla_gluon
+    ws = sparse._sparse_mla_sm90
     if ws is None:
         pytest.skip("this Triton has no Gluon")
     monkeypatch.setattr(sparse, "_VALIDATION", lambda *args: None)
     monkeypatch.setattr(sparse, "_is_sm90", lambda index: True)
-    monkeypatch.setattr(ws, "_LAUNCHER", Launcher(ws.sparse_mla_ws_kernel))
+    monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
+                                           for name, launcher in ws._LAUNCHERS.items()})
     monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)  # a CPU "device"
     q = torch.zeros(3, 64, 576, dtype=torch.float8_e4m3fn)
     kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
