@@ -540,6 +540,10 @@ class TransportConsumer:
     :mod:`._transport_faults`) and the next call of this consumer (or :meth:`synchronize`)
     raises ``TimeoutError`` naming the lease. The bytes the stream read after an aborted wait
     are not the lease's: work enqueued before the error was raised must be discarded.
+    The bound needs the process's kernels that follow a wait to be loaded before it: with
+    CUDA's lazy loading a kernel's first launch waits for the device, and behind a wait that
+    is never published every CUDA call of the process, the watchdog's too, then blocks
+    (``docs/reliability.md``; ``CUDA_MODULE_LOADING=EAGER`` loads them all up front).
 
     Parameters
     ----------
