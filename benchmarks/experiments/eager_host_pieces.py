@@ -42,8 +42,10 @@ from strictops.ops import mamba_state_scatter as mss
 from strictops.ops import sparse_mla_prefill as sparse
 from strictops.ops import transport_pool as tp
 from strictops.ops._dispatch import can_skip_dispatcher
+from strictops.ops._launcher import Launcher
 
-ws = sparse._sparse_mla_sm90  # the sm_90 launch path; None on a Triton without Gluon
+# The sm_90 launch path (an older checkout: the Gluon kernel module); None without Gluon.
+ws = getattr(sparse, "_sparse_mla_sm90", getattr(sparse, "_sparse_mla_gluon", None))
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_eager_host_cost import host_us as bench_host_us  # noqa: E402
@@ -84,21 +86,21 @@ def back_to_back_device_us(fn, calls: int = 200) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
-def recorded_launch(owner, call) -> tuple:
-    """``(launcher, grid, args, options)`` of the last launch ``call()`` makes through
-    ``owner._LAUNCHER`` (a module's cached launcher), so that the pieces launch exactly what
-    the eager path launches."""
-    launcher, seen = owner._LAUNCHER, []
+def recorded_launch(call) -> tuple:
+    """``(launcher, grid, args, options)`` of the last launch ``call()`` makes through a cached
+    launcher (:class:`~strictops.ops._launcher.Launcher`), so that the pieces launch exactly
+    what the eager path launches."""
+    real, seen = Launcher.__call__, []
 
-    def spy(grid, args, options=(), device=None):
-        seen.append((launcher, tuple(grid), tuple(args), options))
-        return launcher(grid, args, options, device)
+    def spy(self, grid, args, options=(), device=None):
+        seen.append((self, tuple(grid), tuple(args), options))
+        return real(self, grid, args, options, device)
 
-    owner._LAUNCHER = spy
+    Launcher.__call__ = spy
     try:
         call()
     finally:
-        owner._LAUNCHER = launcher
+        Launcher.__call__ = real
     return seen[-1]
 
 
@@ -127,8 +129,7 @@ def sparse_pieces() -> dict:
     launch_args = (q, a["kv"], a["indices"], a["sm_scale"], a["q_scale"], a["kv_scale"], None,
                    None, out, ml, lse, None)
     gluon = sparse.warp_specialized(q)
-    launcher, grid, kernel_args, options = recorded_launch(ws if gluon else sparse,
-                                                           lambda: sparse._eager(*args))
+    launcher, grid, kernel_args, options = recorded_launch(lambda: sparse._eager(*args))
     public = lambda: sparse.sparse_mla_q8kv8_prefill_fwd(*args[:9])  # noqa: E731
     return {
         "kernel": "gluon" if gluon else "triton",
@@ -175,7 +176,7 @@ def mamba_pieces() -> dict:
     tiny = _mamba_call(1, 4, (16,))  # the same host path, next to no GPU work
     busy = _mamba_call(36, 512, (8, 128, 128), requests=64)  # the GPU slower than the host
     cached = CachedValidation(mss_contract.CONTRACT, mss_contract.ARGUMENTS)
-    launcher, grid, kernel_args, options = recorded_launch(mss, lambda: mss._eager(*args))
+    launcher, grid, kernel_args, options = recorded_launch(lambda: mss._eager(*args))
     public = lambda: mss.fused_mamba_state_scatter_with_mask(*args)  # noqa: E731
     public_tiny = lambda: mss.fused_mamba_state_scatter_with_mask(*tiny)  # noqa: E731
     return {
@@ -209,7 +210,7 @@ def transport_pieces() -> dict:
         lease = pool.lease(nbytes)
         state = pool._state[lease.slot]
         launcher, grid, kernel_args, options = recorded_launch(
-            tp, lambda: pool._publish_lease(src, lease))
+            lambda: pool._publish_lease(src, lease))
 
         def copy_tensor():
             leased, _ = pool.copy_tensor(src)
