@@ -23,7 +23,6 @@ three ``torch.empty``), and the original transport publish (``copy_`` into the l
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -40,7 +39,7 @@ from strictops.ops import (
 )
 from strictops.ops import sparse_mla_prefill as sparse
 
-from _harness import Report, grouped_bars, median_us, wall_us
+from _harness import Report, arg_parser, grouped_bars, median_us, parse_args, wall_us
 
 ANCHOR = Path(__file__).resolve().parents[1] / ".anchor"
 ROUNDS, CALLS, WARM_CALLS, HOST_CALLS = 5, 1000, 50, 300
@@ -174,11 +173,10 @@ def transport_rows(report: Report, originals) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
+    ap = arg_parser(__doc__)
     ap.add_argument("--no-cutlass", action="store_true",
                     help="no CUTLASS original (its first build takes minutes): null instead")
-    args = ap.parse_args()
+    args = parse_args(ap)
     originals = _originals()
     gen = torch.Generator(device="cuda").manual_seed(20261201)
     report = Report("eager_host_cost")
