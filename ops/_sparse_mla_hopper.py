@@ -1,12 +1,15 @@
 """A block-pair Hopper (sm_90) kernel of sparse MLA prefill, in Gluon (``triton.experimental``).
 
-Not the op's default: ``strictops.ops.sparse_mla_prefill`` runs ``_sparse_mla_gluon`` on sm_90,
-which measured 1-5% faster than this kernel on the H200 (``docs/design/sparse_mla_prefill.md``;
-``benchmarks/experiments/sparse_mla_hopper.py`` checks and times both). Importing this module
+Not the op's default: ``strictops.ops.sparse_mla_prefill`` runs ``_sparse_mla_gluon`` on sm_90
+(this kernel's numbers against it and the original: ``docs/design/sparse_mla_prefill.md``;
+``benchmarks/experiments/sparse_mla_hopper.py`` checks and times them side by side). Importing this module
 needs Gluon's Hopper API (``ImportError`` otherwise). It computes what the op's kernels compute
 (see ``strictops.ops.sparse_mla_prefill``) from the same validated arguments.
 
 Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes token ``pid // (h_q // 64)`` for 64 heads.
+Q is copied into shared memory before the fork (through registers), or with ``Q_ASYNC`` by the
+consumers after it (``cp.async``, half the heads each, published by ``q_bar``), so that the
+producer starts gathering at once.
 Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with the defaults):
 
 - the producer gathers KV block ``i`` (64 selected rows, ``D_QK`` bytes each) with ``cp.async``
@@ -55,6 +58,7 @@ Synchronisation, all by mbarriers in shared memory (phase = use count & 1):
   waits ``p_bar[0]`` before it arrives at ``p_bar[1]``, so neither consumer can complete a
   barrier's phase twice before the other has waited for it.
 - ``l_bar`` (count 2): the row sums, exchanged once at the end.
+- ``q_bar`` (count 256, ``Q_ASYNC`` only): the consumers' ``cp.async`` completions of Q.
 """
 
 from __future__ import annotations
@@ -77,13 +81,14 @@ __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
 BLOCK_H = 64
 BLOCK_N = 64
 D_V = 512
-# 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V (404 against
-# 358 TFLOPS for the producer); the transpose by ldmatrix.trans / stmatrix (``vt_ldsm``) is
-# free of bank conflicts; setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
-# Every knob and its measurement: docs/design/sparse_mla_prefill.md#measurements
+# 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V with
+# ldmatrix.trans / stmatrix (``vt_ldsm``: 671 TFLOPS, the blocked transpose 401, the producer's
+# 560; 128 columns a load 646); setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
+# ``tr_early`` / ``q_async``: schedules not yet measured. Every knob and its measurement:
+# docs/design/sparse_mla_prefill.md#measurements
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
-          "vt_ldsm": True, "tr_early": False, "consumer_regs": 224, "producer_regs": 56,
-          "max_regs": 168}
+          "vt_ldsm": True, "tr_early": False, "q_async": False, "consumer_regs": 224,
+          "producer_regs": 56, "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -255,6 +260,29 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
 
 
 @gluon.jit
+def _load_q(C: gl.constexpr, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar,
+            D_QK: gl.constexpr):
+    """Heads ``[32C, 32C + 32)`` of the CTA's 64 of Q into shared memory by ``cp.async`` (each
+    thread arrives at ``q_bar`` once its copies have landed), then the wait for both halves;
+    the first Q·Kᵀ's proxy fence orders them before its reads."""
+    nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    rows = token * h_q + head0 + C * 32 + gl.arange(0, 32, gl.SliceLayout(1, nope_layout))
+    cols = gl.arange(0, 512, gl.SliceLayout(0, nope_layout))
+    async_copy.async_copy_global_to_shared(
+        q_nope.slice(C * 32, 32, dim=0),
+        q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
+    if D_QK > 512:
+        rows = token * h_q + head0 + C * 32 + gl.arange(0, 32, gl.SliceLayout(1, rope_layout))
+        cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
+        async_copy.async_copy_global_to_shared(
+            q_rope.slice(C * 32, 32, dim=0),
+            q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
+    async_copy.mbarrier_arrive(q_bar, increment_count=False)
+    mbarrier.wait(q_bar, 0)
+
+
+@gluon.jit
 def _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, i, D_QK: gl.constexpr,
               NUM_STAGES: gl.constexpr):
     """Start S = Q·Kᵀ of block ``i`` (asynchronous); returns its token."""
@@ -380,11 +408,12 @@ def _transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k
 
 @gluon.jit
 def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0,
-              h_q, n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
-              p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
+              h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt,
+              bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
+              q_bar,
               D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
               NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
-              VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr):
+              VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr):
     """Consumer ``C``: blocks ``2p + C``, output columns ``[256C, 256C + 256)``; consumer 1
     also writes ``max_logits`` and ``lse``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
@@ -398,6 +427,8 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
     m_run = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([_BLOCK_H], gl.float32, row_s)
     n_pairs = gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)
+    if Q_ASYNC:
+        _load_q(C, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, D_QK)
     # Pair 0 is peeled: carrying a Q·Kᵀ token across the loop's back edge makes ptxas
     # serialise every wgmma.
     st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, C, D_QK, NUM_STAGES)
@@ -465,15 +496,15 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
 
 @gluon.jit
 def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
-                scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx,
-                lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
+                scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem,
+                mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar,
                 D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
-                VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr):
+                VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr):
     _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
-              scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum,
-              k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, D_QK, HAS_ATTN_SINK,
-              NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY)
+              scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx,
+              lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK,
+              HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC)
 
 
 @gluon.jit
@@ -504,6 +535,7 @@ def sparse_mla_hopper_kernel(
     TR_COLS: gl.constexpr,
     VT_LDSM: gl.constexpr,
     TR_EARLY: gl.constexpr,
+    Q_ASYNC: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -544,6 +576,7 @@ def sparse_mla_hopper_kernel(
     p_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
     mx_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
     l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=129)  # 128 cp.async completions + the bias
         mbarrier.init(k_free.index(s), count=2 if TR_CONS else 1)
@@ -554,6 +587,7 @@ def sparse_mla_hopper_kernel(
         mbarrier.init(p_bar.index(c), count=1)
         mbarrier.init(mx_bar.index(c), count=1)
     mbarrier.init(l_bar, count=2)
+    mbarrier.init(q_bar, count=256)  # the consumers' cp.async completions (Q_ASYNC)
 
     kv_scale = gl.load(kv_scale_ptr)
     # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
@@ -562,22 +596,24 @@ def sparse_mla_hopper_kernel(
     n_rows = rows_to_attend(topk_length_ptr, errors_ptr, token, topk, head_block,
                             HAS_TOPK_LENGTH, HAS_ERRORS)
 
-    # The proxy fence orders Q's generic stores before the consumers' wgmma reads.
-    store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK)
+    # The proxy fence orders Q's generic stores before the consumers' wgmma reads. With
+    # Q_ASYNC the consumers copy Q after the fork, while the producer starts gathering.
+    if not Q_ASYNC:
+        store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK)
     fence_async_shared()
     gl.thread_barrier()
 
     gl.warp_specialize([
         (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
-                     n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
-                     p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                     l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                     VT_LDSM, TR_EARLY)),
+                     n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt,
+                     bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
+                     l_bar, q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
+                     VT_LDSM, TR_EARLY, Q_ASYNC)),
         (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
-                       n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
-                       p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                       l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                       VT_LDSM, TR_EARLY)),
+                       n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt,
+                       bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
+                       mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
+                       TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC)),
         (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
                      idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT,
                      LAG, TR_CONS, TR_COLS, VT_LDSM)),
@@ -592,7 +628,7 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
                 LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"], VT_LDSM=t["vt_ldsm"],
-                TR_EARLY=t["tr_early"],
+                TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 
