@@ -34,7 +34,7 @@ Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with t
   bytes) and writes with ``stmatrix``, which puts row ``n``, column ``d`` of V at row ``ρ(d)``,
   column ``σ(n)`` of Vᵀ (bit permutations that keep both free of bank conflicts); P is stored
   with its columns in σ order and the output columns of O are read in ρ order
-  (``_transpose_ldsm``). Otherwise a blocked layout (``LDSM``, ``PRMT``, ``STS.64``) writes
+  (``_sparse_mla_transpose``). Otherwise a blocked layout (``LDSM``, ``PRMT``, ``STS.64``) writes
   ``Vᵀ[d][n]``.
 
 Softmax arithmetic is in base 2: ``t = s * scale * log2(e) + bias`` (one FFMA), ``P =
@@ -74,6 +74,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ._sparse_mla_gluon import launch_kernel, rows_to_attend, store_q, tuned
+from ._sparse_mla_transpose import output_columns, p_columns, transpose_ldsm, views16
 
 __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
 
@@ -113,78 +114,6 @@ def _valid_rows(idx_smem, i, n_rows, s_kv, layout: gl.constexpr):
     idx = idx_smem.index(i % 4).load(layout)
     j = i * _BLOCK_N + gl.arange(0, _BLOCK_N, layout)
     return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)
-
-
-# The ldmatrix.trans / stmatrix transpose writes V of row n, column d to row ρ(d), column σ(n)
-# of Vᵀ: σ moves bit 3 of n to bit 1 (bits 1, 2 up to 2, 3), ρ swaps bits 0 and 3 of d. P's
-# columns are relabelled by σ before their store and O's columns by ρ before the output store
-# (register relabellings: no data moves). The index algebra: see _transpose_ldsm and its test.
-_TR_SPLIT = gl.constexpr((0, 1, 3, 4, 6, 5, 2))  # [n5 n4 n3 n2 n1 n0 j] -> [n5 n4 n2 n1 j n0 n3]
-_TR_JOIN = gl.constexpr((4, 9, 6, 7, 5, 0, 1, 2, 3, 8))  # -> [j>>3, d0, j1, j0, j2 | σ(n) >> 1]
-_P_COLS = gl.constexpr((0, 1, 2, 4, 5, 3, 6))  # [h n5 n4 n3 n2 n1 n0] -> [h | σ(n)]
-_O_COLS = gl.constexpr((0, 1, 5, 3, 4, 2))  # [h r>>4 r3 r2 r1 r0] -> [h | ρ(r)]
-
-
-@gluon.constexpr_function
-def _vt_load_layout(j):
-    """Registers of V read as int16 ``[64 rows, j]`` (two FP8 columns a word) the way
-    ``ldmatrix.trans`` delivers them: register 0 holds rows n, n + 1 (one 32-bit register),
-    lanes 0-1 rows +2, +4 (eight consecutive rows per 8x8 matrix: the 128-byte swizzle puts
-    them in distinct banks), lanes 2-4 the eight words of a 16-byte row, registers 1-3 rows
-    +8, +16, +32, warps words +8, +16, further registers words +32, +64."""
-    reg = [[1, 0], [8, 0], [16, 0], [32, 0]]
-    k = 32
-    while k < j:
-        reg.append([0, k])
-        k *= 2
-    return gl.DistributedLinearLayout(reg, [[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
-                                      [[0, 8], [0, 16]], [], [64, j])
-
-
-@gluon.constexpr_function
-def _packs_rows(layout):
-    """Whether register 0 of ``layout`` (linear) steps along the last axis (rows n, n + 1)."""
-    return layout.reg_bases[0] == [0] * (len(layout.shape) - 1) + [1]
-
-
-@gluon.jit
-def _transpose_ldsm(src, dst, J: gl.constexpr):
-    """``Vᵀ[ρ(d)][σ(n)] = V[n][d]`` for FP8 ``V`` [64 rows n, 2J columns d] given as its int16
-    view ``src`` [64, J] (word j: columns 2j, 2j + 1), into ``dst``, the int16 view [2J, 32]
-    of ``Vᵀ`` [2J, 64]. Per thread per 8 bytes: half an ``ldmatrix.trans`` (x4), 2 ``PRMT``,
-    half an ``stmatrix`` (x4); both access 8 distinct 16-byte bank groups per matrix."""
-    x = gl.reshape(src.load(_vt_load_layout(J)), [2, 2, 2, 2, 2, 2, J])
-    a, b = gl.split(gl.permute(x, _TR_SPLIT.value))  # rows with bit 3 clear, set
-    gl.static_assert(_packs_rows(gl.to_linear_layout(a.type.layout, a.shape)),
-                     "inline asm packs registers 0 and 1: they must hold rows n, n + 1")
-    # A register of a packs words j of rows n, n + 1: bytes V[n][2j], V[n][2j + 1],
-    # V[n + 1][2j], V[n + 1][2j + 1]; of b, rows n + 8, n + 9. o0 gets column 2j of the four
-    # rows, o1 column 2j + 1: Vᵀ words in σ order.
-    o0, o1 = gl.inline_asm_elementwise(
-        "prmt.b32 $0, $2, $3, 0x6420;\n\tprmt.b32 $1, $2, $3, 0x7531;", "=r,=r,r,r", [a, b],
-        dtype=(gl.int16, gl.int16), is_pure=True, pack=2)
-    y = gl.reshape(gl.join(o0, o1), [2, 2, 2, 2, J // 8, 2, 2, 2, 2, 2])
-    dst.store(gl.reshape(gl.permute(y, _TR_JOIN.value), [2 * J, 32]))
-
-
-@gluon.constexpr_function
-def _pairs_first(layout):
-    """``layout`` (linear, 2-D) with the register basis of the next column first, so that
-    stores write two columns at once."""
-    reg = [list(b) for b in layout.reg_bases]
-    i = reg.index([0, 1])
-    reg[0], reg[i] = reg[i], reg[0]
-    return gl.DistributedLinearLayout(reg, layout.lane_bases, layout.warp_bases,
-                                      layout.block_bases, layout.shape)
-
-
-@gluon.jit
-def _vt16(k_nope, vt, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr):
-    """int16 views of the gathered rows' first 512 columns and of the Vᵀ buffers (the same
-    bytes: the swizzles permute 16-byte chunks)."""
-    return (k_nope._reinterpret(gl.int16, [NUM_STAGES, _BLOCK_N, 256],
-                                gl.NVMMASharedLayout(128, 16)),
-            vt._reinterpret(gl.int16, [NUM_VT, 512, _BLOCK_N // 2], gl.NVMMASharedLayout(64, 16)))
 
 
 @gluon.jit
@@ -247,9 +176,9 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
             for h in gl.static_range(2):
                 mbarrier.wait(vt_free.index(2 * v + h), ((b // NUM_VT) & 1) ^ 1)
                 if VT_LDSM:
-                    k16, vt16 = _vt16(k_nope, vt, NUM_STAGES, NUM_VT)
+                    k16, vt16 = views16(k_nope, vt, NUM_STAGES, NUM_VT)
                     for c in gl.static_range(h * 256, h * 256 + 256, TR_COLS):
-                        _transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
+                        transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
                                         vt16.index(v).slice(c, TR_COLS, dim=0), TR_COLS // 2)
                 else:
                     x = k_nope.index(s).slice(h * 256, 256, dim=1).load(tr_layout)
@@ -349,8 +278,7 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
     l_i = l_i * gl.exp2(m_run - m_ref) + gl.sum(pr, 1)
     p8 = pr.to(gl.float8e4nv)
     if VT_LDSM:  # column σ(n) of P meets column σ(n) of Vᵀ
-        p8 = gl.reshape(gl.permute(gl.reshape(p8, [_BLOCK_H, 2, 2, 2, 2, 2, 2]), _P_COLS.value),
-                        [_BLOCK_H, _BLOCK_N])
+        p8 = p_columns(p8)
     p_smem.index(2 * par + C).store(p8)
     fence_async_shared()  # generic stores, then wgmma (async proxy) reads
     gl.thread_barrier()
@@ -396,8 +324,8 @@ def _transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k
         mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
     for c in gl.static_range(C * 256, C * 256 + 256, TR_COLS):
         if VT_LDSM:
-            k16, vt16 = _vt16(k_nope, vt, NUM_STAGES, 2)
-            _transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
+            k16, vt16 = views16(k_nope, vt, NUM_STAGES, 2)
+            transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
                             vt16.index(q).slice(c, TR_COLS, dim=0), TR_COLS // 2)
         else:
             x = k_nope.index(s).slice(c, TR_COLS, dim=1).load(tr_layout)
@@ -484,9 +412,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
         gl.store(lse_ptr + row_of_head, lse)
     out = acc * gl.expand_dims(gl.convert_layout(weight, row_o), 1)
     if VT_LDSM:  # column r of O is output column ρ(r)
-        out = gl.reshape(gl.permute(gl.reshape(out, [_BLOCK_H, 16, 2, 2, 2, 2]), _O_COLS.value),
-                         [_BLOCK_H, 256])
-        out = gl.convert_layout(out, _pairs_first(out.type.layout))  # registers renamed only
+        out = output_columns(out)
     out_layout: gl.constexpr = out.type.layout
     out_rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, out_layout))
     out_cols = C * 256 + gl.arange(0, 256, gl.SliceLayout(0, out_layout))

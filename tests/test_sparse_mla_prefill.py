@@ -659,7 +659,7 @@ def test_hopper_vt_transpose_index_algebra():
     the int16 words it loads, split, byte-permuted (``prmt``), joined and stores give Vᵀ with
     rows ρ(d) and columns σ(n), and P with columns relabelled by σ times that Vᵀ, its columns
     relabelled by ρ, is P·V exactly (integers in float64)."""
-    hopper = pytest.importorskip("strictops.ops._sparse_mla_hopper")
+    tr = pytest.importorskip("strictops.ops._sparse_mla_transpose")
 
     def prmt(a, b, selector):  # PTX prmt.b32 on 32-bit words held in int64
         source = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF
@@ -676,18 +676,18 @@ def test_hopper_vt_transpose_index_algebra():
     for j in (32, 64, 128):
         v = torch.randint(0, 256, (64, 2 * j), generator=gen, dtype=torch.uint8)
         words = v.view(torch.int16)  # little endian: word j = column 2j | column 2j + 1 << 8
-        x = words.reshape(2, 2, 2, 2, 2, 2, j).permute(hopper._TR_SPLIT.value)
+        x = words.reshape(2, 2, 2, 2, 2, 2, j).permute(tr.TR_SPLIT.value)
         a, b = packed(x[..., 0]), packed(x[..., 1])
         o0, o1 = unpacked(prmt(a, b, 0x6420)), unpacked(prmt(a, b, 0x7531))
         y = torch.stack([o0, o1], -1).reshape(2, 2, 2, 2, j // 8, 2, 2, 2, 2, 2)
-        vt = y.permute(hopper._TR_JOIN.value).reshape(2 * j, 32).contiguous().view(torch.uint8)
+        vt = y.permute(tr.TR_JOIN.value).reshape(2 * j, 32).contiguous().view(torch.uint8)
         p = torch.randint(-8, 9, (64, 64), generator=gen).double()
-        p_cols = p.reshape(64, 2, 2, 2, 2, 2, 2).permute(hopper._P_COLS.value).reshape(64, 64)
+        p_cols = p.reshape(64, 2, 2, 2, 2, 2, 2).permute(tr.P_COLS.value).reshape(64, 64)
         o = p_cols @ vt.double().T  # what the P·V wgmma computes: [64 heads, 2j rows of Vᵀ]
         rho = [(d & ~9) | ((d & 1) << 3) | ((d >> 3) & 1) for d in range(2 * j)]
         assert torch.equal(o, (p @ v.double())[:, rho])  # column r of O is column ρ(r)
         if j == 128:  # one consumer's 256 output columns, relabelled as the epilogue does
-            out = o.reshape(64, 16, 2, 2, 2, 2).permute(hopper._O_COLS.value).reshape(64, 256)
+            out = o.reshape(64, 16, 2, 2, 2, 2).permute(tr.O_COLS.value).reshape(64, 256)
             assert torch.equal(out, p @ v.double())
 
 
