@@ -2,11 +2,16 @@
 
 Not the op's default: ``strictops.ops.sparse_mla_prefill`` runs ``_sparse_mla_gluon`` on sm_90
 (this kernel's numbers against it and the original: ``docs/design/sparse_mla_prefill.md``;
-``benchmarks/experiments/sparse_mla_hopper.py`` checks and times them side by side). Importing this module
-needs Gluon's Hopper API (``ImportError`` otherwise). It computes what the op's kernels compute
-(see ``strictops.ops.sparse_mla_prefill``) from the same validated arguments.
+``benchmarks/experiments/sparse_mla_hopper.py`` checks and times them side by side).
+Importing this module needs Gluon's Hopper API (``ImportError`` otherwise). It computes what
+the op's kernels compute (see ``strictops.ops.sparse_mla_prefill``) from the same validated
+arguments.
 
-Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes token ``pid // (h_q // 64)`` for 64 heads.
+Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes tile ``pid``, token ``pid // (h_q // 64)``
+for 64 heads; with ``PERSISTENT`` the grid is at most one CTA per SM and CTA ``pid`` computes
+tiles ``pid``, ``pid + num_programs``, ... below ``n_tiles`` (pair and block numbers, and with
+them every barrier phase, run on across its tiles; the producer gathers the next tile while
+the consumers finish the last one).
 Q is copied into shared memory before the fork (through registers), or with ``Q_ASYNC`` by the
 consumers after it (``cp.async``, half the heads each, published by ``q_bar``), so that the
 producer starts gathering at once.
@@ -63,6 +68,8 @@ Synchronisation, all by mbarriers in shared memory (phase = use count & 1):
 
 from __future__ import annotations
 
+import functools
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -88,8 +95,8 @@ D_V = 512
 # ``tr_early`` / ``q_async``: schedules not yet measured. Every knob and its measurement:
 # docs/design/sparse_mla_prefill.md#measurements
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
-          "vt_ldsm": True, "tr_early": False, "q_async": False, "consumer_regs": 224,
-          "producer_regs": 56, "max_regs": 168}
+          "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": False,
+          "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -100,32 +107,62 @@ _HEADROOM = gl.constexpr(8.0)
 
 
 @gluon.jit
-def _load_indices(idx_smem, index_row, i, topk, layout: gl.constexpr):
-    """Start the copy of block ``i``'s 64 indices into ``idx_smem[i % 4]`` and commit it (the
-    group also holds the block copies issued since the last commit)."""
+def _load_indices(idx_smem, index_row, i, base, topk, layout: gl.constexpr):
+    """Start the copy of block ``i``'s 64 indices into ``idx_smem[(base + i) % 4]`` and commit
+    it (the group also holds the block copies issued since the last commit)."""
     j = i * _BLOCK_N + gl.arange(0, _BLOCK_N, layout)
-    async_copy.async_copy_global_to_shared(idx_smem.index(i % 4), index_row + j, mask=j < topk)
+    async_copy.async_copy_global_to_shared(idx_smem.index((base + i) % 4), index_row + j,
+                                           mask=j < topk)
     async_copy.commit_group()
 
 
 @gluon.jit
-def _valid_rows(idx_smem, i, n_rows, s_kv, layout: gl.constexpr):
+def _valid_rows(idx_smem, i, base, n_rows, s_kv, layout: gl.constexpr):
     """Block ``i``'s indices from ``idx_smem`` in ``layout`` and whether each is valid."""
-    idx = idx_smem.index(i % 4).load(layout)
+    idx = idx_smem.index((base + i) % 4).load(layout)
     j = i * _BLOCK_N + gl.arange(0, _BLOCK_N, layout)
     return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)
 
 
 @gluon.jit
-def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
-              idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK: gl.constexpr,
-              NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, LAG: gl.constexpr,
-              TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr):
-    """Gather block ``i`` into stage ``i % NUM_STAGES``, then transpose block ``i - LAG``'s V.
+def _producer(kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, token, n_rows, s_kv, h_q, topk,
+              n_tiles, k_nope, k_rope, vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free,
+              D_QK: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
+              LAG: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
+              VT_LDSM: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, HAS_ERRORS: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    """The producer of the CTA's tile, or (``PERSISTENT``) of its tiles ``pid``, ``pid +
+    num_programs``, ... below ``n_tiles`` (it counts each tile's ``topk_length`` errors)."""
+    if PERSISTENT:
+        head_blocks = h_q // _BLOCK_H
+        base = 0
+        for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            tile_token = (tile // head_blocks).to(gl.int64)
+            rows = rows_to_attend(topk_length_ptr, errors_ptr, tile_token, topk,
+                                  tile % head_blocks, HAS_TOPK_LENGTH, HAS_ERRORS)
+            base = _produce(kv_ptr, indices_ptr, tile_token, rows, s_kv, topk, k_nope, k_rope,
+                            vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free, base, D_QK,
+                            NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS, VT_LDSM, True)
+    else:
+        _produce(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
+                 idx_smem, k_ready, k_free, vt_ready, vt_free, 0, D_QK, NUM_STAGES, NUM_VT, LAG,
+                 TR_CONS, TR_COLS, VT_LDSM, False)
+
+
+@gluon.jit
+def _produce(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
+             idx_smem, k_ready, k_free, vt_ready, vt_free, base, D_QK: gl.constexpr,
+             NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, LAG: gl.constexpr,
+             TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
+             LAST_INDICES: gl.constexpr):
+    """Gather block ``i`` into stage ``(base + i) % NUM_STAGES``, then transpose block ``i -
+    LAG``'s V; ``base`` blocks went before (earlier tiles). Returns ``base`` plus this tile's
+    blocks.
 
     The indices travel through ``idx_smem`` (4 slots), copied two blocks ahead with
     ``cp.async``: a register prefetch would be moved into the loop-carried register at once,
-    and that move waits for the load."""
+    and that move waits for the load. With ``LAST_INDICES`` no copy goes past the tile's last
+    block (the next tile's first copies use those slots)."""
     D_ROPE: gl.constexpr = D_QK - 512
     gl.static_assert(NUM_STAGES > LAG, "a stage is refilled only after its transpose")
     # 8 threads cover a row's 128-byte segment (16 bytes, one cp.async, each), so each thread
@@ -140,35 +177,39 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
     rope_cols = gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
     index_row = indices_ptr + token * topk
     n_blocks = 2 * gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)  # never past topk
-    _load_indices(idx_smem, index_row, 0, topk, flat_layout)
-    _load_indices(idx_smem, index_row, 1, topk, flat_layout)
+    _load_indices(idx_smem, index_row, 0, base, topk, flat_layout)
+    _load_indices(idx_smem, index_row, 1, base, topk, flat_layout)
     for i in range(n_blocks + LAG):
         if i < n_blocks:
-            s = i % NUM_STAGES
+            s = (base + i) % NUM_STAGES
             async_copy.wait_group(1)  # block i's indices (committed two blocks ago)
             gl.thread_barrier()
-            idx, valid = _valid_rows(idx_smem, i, n_rows, s_kv, gl.SliceLayout(1, nope_layout))
+            idx, valid = _valid_rows(idx_smem, i, base, n_rows, s_kv,
+                                     gl.SliceLayout(1, nope_layout))
             row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK
-            mbarrier.wait(k_free.index(s), ((i // NUM_STAGES) & 1) ^ 1)
+            mbarrier.wait(k_free.index(s), (((base + i) // NUM_STAGES) & 1) ^ 1)
             # A false mask reads no byte and writes zeros (0 * V stays finite).
             async_copy.async_copy_global_to_shared(
                 k_nope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(cols, 0),
                 mask=gl.expand_dims(valid, 1))
             if D_ROPE > 0:
-                idx, valid = _valid_rows(idx_smem, i, n_rows, s_kv,
+                idx, valid = _valid_rows(idx_smem, i, base, n_rows, s_kv,
                                          gl.SliceLayout(1, rope_layout))
                 row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK + 512
                 async_copy.async_copy_global_to_shared(
                     k_rope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(rope_cols, 0),
                     mask=gl.expand_dims(valid, 1))
-            _, valid = _valid_rows(idx_smem, i, n_rows, s_kv, flat_layout)
+            _, valid = _valid_rows(idx_smem, i, base, n_rows, s_kv, flat_layout)
             bias.index(s).store(gl.where(valid, 0.0, float("-inf")))
             gl.thread_barrier()
             mbarrier.arrive(k_ready.index(s))
             async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
-            _load_indices(idx_smem, index_row, i + 2, topk, flat_layout)
+            if LAST_INDICES and i + 2 >= n_blocks:
+                async_copy.commit_group()  # an empty group keeps wait_group(1) counting
+            else:
+                _load_indices(idx_smem, index_row, i + 2, base, topk, flat_layout)
         if (not TR_CONS) and i >= LAG:
-            b = i - LAG
+            b = base + i - LAG
             s = b % NUM_STAGES
             v = b % NUM_VT
             mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
@@ -186,10 +227,11 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
                 fence_async_shared()  # generic stores, then wgmma (async proxy) reads
                 gl.thread_barrier()
                 mbarrier.arrive(vt_ready.index(2 * v + h))
+    return base + n_blocks
 
 
 @gluon.jit
-def _load_q(C: gl.constexpr, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar,
+def _load_q(C: gl.constexpr, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, phase,
             D_QK: gl.constexpr):
     """Heads ``[32C, 32C + 32)`` of the CTA's 64 of Q into shared memory by ``cp.async`` (each
     thread arrives at ``q_bar`` once its copies have landed), then the wait for both halves;
@@ -208,7 +250,7 @@ def _load_q(C: gl.constexpr, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar,
             q_rope.slice(C * 32, 32, dim=0),
             q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
     async_copy.mbarrier_arrive(q_bar, increment_count=False)
-    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q_bar, phase)
 
 
 @gluon.jit
@@ -335,15 +377,52 @@ def _transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k
 
 
 @gluon.jit
-def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0,
-              h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt,
-              bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
-              q_bar,
-              D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-              NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
-              VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr):
-    """Consumer ``C``: blocks ``2p + C``, output columns ``[256C, 256C + 256)``; consumer 1
-    also writes ``max_logits`` and ``lse``."""
+def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+              topk_length_ptr, token, head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale,
+              q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready,
+              k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK: gl.constexpr,
+              HAS_ATTN_SINK: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr,
+              NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_CONS: gl.constexpr,
+              TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr,
+              Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
+    """Consumer ``C`` of the CTA's tile, or (``PERSISTENT``) of its tiles ``pid``, ``pid +
+    num_programs``, ... below ``n_tiles``: pair numbers and barrier phases run on across
+    tiles."""
+    if PERSISTENT:
+        head_blocks = h_q // _BLOCK_H
+        pairs = 0
+        t = 0
+        for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            tile_token = (tile // head_blocks).to(gl.int64)
+            rows = rows_to_attend(topk_length_ptr, topk_length_ptr, tile_token, topk, 0,
+                                  HAS_TOPK_LENGTH, False)
+            _consumer_tile(C, pairs, t & 1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+                           tile_token, (tile % head_blocks) * _BLOCK_H, h_q, rows, scale_log2,
+                           kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem,
+                           mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
+                           q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
+                           VT_LDSM, TR_EARLY, True)
+            pairs += gl.maximum(gl.cdiv(rows, 2 * _BLOCK_N), 1)
+            t += 1
+    else:
+        _consumer_tile(C, 0, 0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0,
+                       h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope,
+                       vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
+                       mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
+                       TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC)
+
+
+@gluon.jit
+def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+                   token, head0, h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope,
+                   k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready,
+                   vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK: gl.constexpr,
+                   HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
+                   TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
+                   TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr):
+    """Consumer ``C`` of one tile: blocks ``2p + C`` (pairs numbered from ``P0``), output
+    columns ``[256C, 256C + 256)``; consumer 1 also writes ``max_logits`` and ``lse``.
+    ``phase``: of ``l_bar`` and ``q_bar`` in this tile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -356,45 +435,48 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
     l_i = gl.zeros([_BLOCK_H], gl.float32, row_s)
     n_pairs = gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)
     if Q_ASYNC:
-        _load_q(C, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, D_QK)
+        _load_q(C, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, phase, D_QK)
     # Pair 0 is peeled: carrying a Q·Kᵀ token across the loop's back edge makes ptxas
     # serialise every wgmma.
-    st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, C, D_QK, NUM_STAGES)
+    st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * P0 + C, D_QK,
+                   NUM_STAGES)
     if TR_CONS:
         for q in gl.static_range(2):
-            _transpose_block(C, q, 0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
+            _transpose_block(C, q, P0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS,
+                             VT_LDSM)
         fence_async_shared()  # generic stores, then wgmma (async proxy) reads
         gl.thread_barrier()
     sc = warpgroup_mma_wait(0, deps=(st, ))
-    acc, m_run, l_i = _softmax_pv1(C, 0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
+    acc, m_run, l_i = _softmax_pv1(C, P0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
                                    vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
                                    NUM_VT, TR_CONS, VT_LDSM)
     for p in range(1, n_pairs):
-        pv = _issue_pv2(C, p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
-        st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * p + C, D_QK,
+        pv = _issue_pv2(C, P0 + p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
+        st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * (P0 + p) + C, D_QK,
                        NUM_STAGES)
         if TR_CONS and TR_EARLY:  # vt[0]'s last reader, the first P·V of pair p - 1, is done
-            _transpose_block(C, 0, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
+            _transpose_block(C, 0, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS,
+                             VT_LDSM)
         acc = warpgroup_mma_wait(QK_GROUPS, deps=(pv, ))
         if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite it (and vt[0])
             for q in gl.static_range(1 if TR_EARLY else 0, 2):
-                _transpose_block(C, q, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS,
-                                 VT_LDSM)
+                _transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES,
+                                 TR_COLS, VT_LDSM)
             fence_async_shared()  # generic stores, then wgmma (async proxy) reads
             gl.thread_barrier()
         else:
-            mbarrier.arrive(vt_free.index(2 * ((2 * p - 1) % NUM_VT) + C))
+            mbarrier.arrive(vt_free.index(2 * ((2 * (P0 + p) - 1) % NUM_VT) + C))
         sc = warpgroup_mma_wait(0, deps=(st, ))
-        acc, m_run, l_i = _softmax_pv1(C, p, sc, acc, m_run, l_i, scale_log2, bias, p_smem,
-                                       mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
+        acc, m_run, l_i = _softmax_pv1(C, P0 + p, sc, acc, m_run, l_i, scale_log2, bias,
+                                       p_smem, mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
                                        NUM_STAGES, NUM_VT, TR_CONS, VT_LDSM)
-    pv = _issue_pv2(C, n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
+    pv = _issue_pv2(C, P0 + n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
     acc = warpgroup_mma_wait(0, deps=(pv, ))
 
     lsum.index(C).store(l_i)
     gl.thread_barrier()
     mbarrier.arrive(l_bar)
-    mbarrier.wait(l_bar, 0)
+    mbarrier.wait(l_bar, phase)
     l_i = l_i + lsum.index(1 - C).load(row_s)
     seen = l_i > 0  # a valid row: the block holding the maximum adds 2^HEADROOM
     l_safe = gl.where(seen, l_i, 1.0)
@@ -421,16 +503,18 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
 
 
 @gluon.jit
-def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
-                scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem,
-                mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar,
-                D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-                NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
-                VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr):
-    _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
-              scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx,
-              lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK,
-              HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC)
+def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token, head0,
+                h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope,
+                k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
+                mx_bar, l_bar, q_bar, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
+                HAS_TOPK_LENGTH: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
+                TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
+                TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
+    _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token, head0,
+              h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope,
+              k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
+              mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT,
+              TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT)
 
 
 @gluon.jit
@@ -450,6 +534,7 @@ def sparse_mla_hopper_kernel(
     s_kv,
     h_q,
     topk,
+    n_tiles,
     D_QK: gl.constexpr,
     HAS_TOPK_LENGTH: gl.constexpr,
     HAS_ATTN_SINK: gl.constexpr,
@@ -462,6 +547,7 @@ def sparse_mla_hopper_kernel(
     VT_LDSM: gl.constexpr,
     TR_EARLY: gl.constexpr,
     Q_ASYNC: gl.constexpr,
+    PERSISTENT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -475,6 +561,7 @@ def sparse_mla_hopper_kernel(
     contiguous, ``h_q`` a multiple of 64, ``topk`` of 128, ``D_QK`` 512 or 576.
     """
     gl.static_assert((not TR_CONS) or NUM_VT == 2, "the consumers transpose into vt[0], vt[1]")
+    gl.static_assert(Q_ASYNC or not PERSISTENT, "each tile's Q is copied by the consumers")
     head_blocks = h_q // _BLOCK_H
     pid = gl.program_id(0)
     token = (pid // head_blocks).to(gl.int64)
@@ -519,8 +606,10 @@ def sparse_mla_hopper_kernel(
     # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
     scale_log2 = (sm_scale * gl.load(q_scale_ptr) * kv_scale * 1.4426950408889634).to(
         gl.float32)
-    n_rows = rows_to_attend(topk_length_ptr, errors_ptr, token, topk, head_block,
-                            HAS_TOPK_LENGTH, HAS_ERRORS)
+    n_rows = topk  # the partitions find each tile's (PERSISTENT)
+    if not PERSISTENT:
+        n_rows = rows_to_attend(topk_length_ptr, errors_ptr, token, topk, head_block,
+                                HAS_TOPK_LENGTH, HAS_ERRORS)
 
     # The proxy fence orders Q's generic stores before the consumers' wgmma reads. With
     # Q_ASYNC the consumers copy Q after the fork, while the producer starts gathering.
@@ -530,19 +619,22 @@ def sparse_mla_hopper_kernel(
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
-                     n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt,
-                     bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                     l_bar, q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                     VT_LDSM, TR_EARLY, Q_ASYNC)),
-        (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
-                       n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt,
-                       bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
-                       mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
-                       TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC)),
-        (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
-                     idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT,
-                     LAG, TR_CONS, TR_COLS, VT_LDSM)),
+        (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,
+                     head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope,
+                     q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
+                     vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK,
+                     HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY,
+                     Q_ASYNC, PERSISTENT)),
+        (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,
+                       head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope,
+                       q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
+                       vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK,
+                       HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY,
+                       Q_ASYNC, PERSISTENT)),
+        (_producer, (kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, token, n_rows, s_kv, h_q,
+                     topk, n_tiles, k_nope, k_rope, vt, bias, idx_smem, k_ready, k_free,
+                     vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS,
+                     VT_LDSM, HAS_TOPK_LENGTH, HAS_ERRORS, PERSISTENT)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -554,12 +646,26 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
                 LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"], VT_LDSM=t["vt_ldsm"],
-                TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"],
+                TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"] or t["persistent"],
+                PERSISTENT=t["persistent"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 
 def launch(*args, **tuning):
     """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both):
     ``args`` as for ``strictops.ops._sparse_mla_gluon.launch``, ``tuning`` overrides entries of
-    ``TUNING``. Returns the compiled kernel."""
-    return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args, **tuning)
+    ``TUNING``. One CTA per tile (token and 64 heads), or with ``persistent`` one per SM at
+    most. Returns the compiled kernel."""
+    q = args[0]
+    tiles = q.shape[0] * (q.shape[1] // BLOCK_H)
+    programs = tiles
+    if tuned(TUNING, tuning)["persistent"]:
+        programs = min(tiles, _sm_count(q.device.index))
+    return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args,
+                         programs=programs, extra={"n_tiles": tiles}, **tuning)
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -597,7 +597,8 @@ def _sm90_ptx(module, kernel, d_qk: int, **tuning):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     constexprs = module.constexprs(d_qk, True, True, True, **tuning)
-    source = GluonASTSource(kernel, _WS_SIGNATURE | {k: "constexpr" for k in constexprs},
+    signature = _WS_SIGNATURE | ({"n_tiles": "i32"} if "n_tiles" in kernel.arg_names else {})
+    source = GluonASTSource(kernel, signature | {k: "constexpr" for k in constexprs},
                             constexprs, {(i,): [["tt.divisibility", 16]] for i in range(11)})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
                               options={"num_warps": 4, "maxnreg": module.TUNING["max_regs"]})
@@ -624,19 +625,19 @@ def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
 
 
 @pytest.mark.skipif(op._sparse_mla_gluon is None, reason="this Triton has no Gluon")
-@pytest.mark.parametrize(("d_qk", "tr_cons", "vt_ldsm"),
-                         [(576, True, True), (512, True, True), (576, False, True),
-                          (576, True, False)])
-def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tr_cons, vt_ldsm):
+@pytest.mark.parametrize(("d_qk", "tuning"),
+                         [(576, {}), (512, {}), (576, {"tr_cons": False}),
+                          (576, {"vt_ldsm": False}), (576, {"persistent": True})])
+def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tuning):
     """Without a GPU: the block-pair kernel (not the op's default; see
     ``benchmarks/experiments/sparse_mla_hopper.py``) compiles for sm_90 with either V
-    transpose by either method, both products are FP8 wgmma (no fp16 P·V), each consumer
-    computes the whole S of its own blocks, and the ``vt_ldsm`` transpose is ``ldmatrix.trans``
-    and ``stmatrix`` with two ``prmt`` per pair of 32-bit words."""
+    transpose by either method, and persistent, both products are FP8 wgmma (no fp16 P·V),
+    each consumer computes the whole S of its own blocks, and the ``vt_ldsm`` transpose is
+    ``ldmatrix.trans`` and ``stmatrix`` with two ``prmt`` per pair of 32-bit words."""
     from strictops.ops import _sparse_mla_hopper as hopper
 
-    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, tr_cons=tr_cons,
-                    vt_ldsm=vt_ldsm)
+    tr_cons, vt_ldsm = tuning.get("tr_cons", True), tuning.get("vt_ldsm", True)
+    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, **tuning)
     # Per consumer, Q·Kᵀ of a whole 64-row block is d_qk / 32 m64n64k32 instructions, written
     # out twice (the peeled first pair and the loop); P·V is two m64n256k32 instructions
     # (k = 64 rows), at four places (the first and second P·V, each peeled and in the loop).
