@@ -31,10 +31,10 @@ Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with t
   and each consumer rescales its O to ``m0`` before the first P·V of a pair and to ``m1``
   before the second. The second P·V of pair ``p`` is issued with the Q·Kᵀ of pair ``p + 1``.
 - V transpose (``TR_CONS``): each consumer transposes its own half of V of both blocks of a
-  pair into ``vt[0]``/``vt[1]`` while its Q·Kᵀ runs; otherwise the producer transposes block
+  pair into ``vt[b % NUM_VT]`` (block ``b``) while its Q·Kᵀ runs; otherwise the producer transposes block
   ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``. With ``TR_EARLY`` a
-  consumer transposes block ``2p`` while the second P·V of pair ``p - 1`` (which reads
-  ``vt[1]``) still runs, block ``2p + 1`` after it. With ``VT_LDSM`` it reads
+  consumer transposes the blocks whose buffer the second P·V of pair ``p - 1`` does not read
+  while it runs (block ``2p`` with two buffers, both with three), the rest after it. With ``VT_LDSM`` it reads
   V as 16-bit words with ``ldmatrix.trans``, swaps bytes between row pairs (2 ``prmt`` per 8
   bytes) and writes with ``stmatrix``, which puts row ``n``, column ``d`` of V at row ``ρ(d)``,
   column ``σ(n)`` of Vᵀ (bit permutations that keep both free of bank conflicts); P is stored
@@ -353,25 +353,27 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
 
 @gluon.jit
 def _transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k_free,
-                     NUM_STAGES: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr):
-    """Half ``C`` of V of block ``2p + q``, transposed into rows ``[256C, 256C + 256)`` of
-    ``vt[q]``, ``TR_COLS`` columns per load; releases the block if it is the other
+                     NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_COLS: gl.constexpr,
+                     VT_LDSM: gl.constexpr):
+    """Half ``C`` of V of block ``b = 2p + q``, transposed into rows ``[256C, 256C + 256)`` of
+    ``vt[b % NUM_VT]``, ``TR_COLS`` columns per load; releases the block if it is the other
     consumer's. The caller fences and synchronises before the P·V reads."""
     # [64 rows, 64 columns] per 8 x 4 bytes of a thread, stored transposed as 4 groups of 8
     # contiguous bytes.
     tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
     b = 2 * p + q
     s = b % NUM_STAGES
+    v = b % NUM_VT
     if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
         mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
     for c in gl.static_range(C * 256, C * 256 + 256, TR_COLS):
         if VT_LDSM:
-            k16, vt16 = views16(k_nope, vt, NUM_STAGES, 2)
+            k16, vt16 = views16(k_nope, vt, NUM_STAGES, NUM_VT)
             transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
-                            vt16.index(q).slice(c, TR_COLS, dim=0), TR_COLS // 2)
+                           vt16.index(v).slice(c, TR_COLS, dim=0), TR_COLS // 2)
         else:
             x = k_nope.index(s).slice(c, TR_COLS, dim=1).load(tr_layout)
-            vt.index(q).slice(c, TR_COLS, dim=0).store(gl.permute(x, (1, 0)))
+            vt.index(v).slice(c, TR_COLS, dim=0).store(gl.permute(x, (1, 0)))
     if q != C:
         mbarrier.arrive(k_free.index(s))
 
@@ -442,8 +444,8 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
                    NUM_STAGES)
     if TR_CONS:
         for q in gl.static_range(2):
-            _transpose_block(C, q, P0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS,
-                             VT_LDSM)
+            _transpose_block(C, q, P0, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
+                             TR_COLS, VT_LDSM)
         fence_async_shared()  # generic stores, then wgmma (async proxy) reads
         gl.thread_barrier()
     sc = warpgroup_mma_wait(0, deps=(st, ))
@@ -454,14 +456,18 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
         pv = _issue_pv2(C, P0 + p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
         st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * (P0 + p) + C, D_QK,
                        NUM_STAGES)
-        if TR_CONS and TR_EARLY:  # vt[0]'s last reader, the first P·V of pair p - 1, is done
-            _transpose_block(C, 0, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS,
-                             VT_LDSM)
+        # With TR_EARLY, the blocks whose Vᵀ buffer the second P·V of pair p - 1 does not read
+        # (the first only with two buffers: its buffer's last reader, the first P·V of pair
+        # p - 1, is done) are transposed while it runs.
+        EARLY: gl.constexpr = (NUM_VT - 1 if TR_EARLY else 0) if TR_CONS else 0
+        for q in gl.static_range(EARLY):
+            _transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
+                             TR_COLS, VT_LDSM)
         acc = warpgroup_mma_wait(QK_GROUPS, deps=(pv, ))
-        if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite it (and vt[0])
-            for q in gl.static_range(1 if TR_EARLY else 0, 2):
+        if TR_CONS:
+            for q in gl.static_range(EARLY, 2):
                 _transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES,
-                                 TR_COLS, VT_LDSM)
+                                 NUM_VT, TR_COLS, VT_LDSM)
             fence_async_shared()  # generic stores, then wgmma (async proxy) reads
             gl.thread_barrier()
         else:
@@ -560,7 +566,8 @@ def sparse_mla_hopper_kernel(
     int32, out ``[s_q, h_q, 512]`` bf16, max_logits and lse ``[s_q, h_q]`` float32; all
     contiguous, ``h_q`` a multiple of 64, ``topk`` of 128, ``D_QK`` 512 or 576.
     """
-    gl.static_assert((not TR_CONS) or NUM_VT == 2, "the consumers transpose into vt[0], vt[1]")
+    gl.static_assert((not TR_CONS) or NUM_VT == 2 or NUM_VT == 3,
+                     "the consumers transpose a pair into two or three Vᵀ buffers")
     gl.static_assert(Q_ASYNC or not PERSISTENT, "each tile's Q is copied by the consumers")
     head_blocks = h_q // _BLOCK_H
     pid = gl.program_id(0)

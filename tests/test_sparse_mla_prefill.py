@@ -784,9 +784,10 @@ def test_gpu_hopper_runs_the_warp_specialized_kernel_close_to_the_triton_one(mon
 @gpu
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 @pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
-                                    {"tr_cols": 128}, {"tr_early": True, "q_async": True}],
+                                    {"tr_cols": 128}, {"tr_early": True, "q_async": True},
+                                    {"tr_early": True, "num_vt": 3}],
                          ids=["default", "blocked-transpose", "producer-transpose", "tr128",
-                              "early-q-async"])
+                              "early-q-async", "early-3-buffers"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
     """The block-pair kernel (``_sparse_mla_hopper``, not the op's default) on an sm_90 GPU with
     each V transpose: poisoned buffers, invalid indices, empty rows, partial lengths, attn_sink;

@@ -11,7 +11,8 @@ the consumers transpose V with ``ldmatrix.trans`` / ``stmatrix``, 64 columns a l
 ``new_blocked`` (the same with the transpose through a blocked layout: ``LDSM`` + ``PRMT`` +
 ``STS.64``), ``new_tr128`` / ``new_tr256`` (128 / 256 columns a load: fewer partition
 barriers, more registers; ``_r232``: 232/40 registers; ``_early``: the consumers
-transpose block 2p while the second P·V of pair p - 1 runs; ``_qasync``: the consumers copy
+transpose block 2p while the second P·V of pair p - 1 runs, ``_vt3_early`` both blocks into
+three Vᵀ buffers; ``_qasync``: the consumers copy
 Q with ``cp.async`` after the fork; ``_persistent``: at most one CTA per SM, each looping over
 tiles), ``new_prod_tr`` (the producer
 transposes), ``new_prod_tr_vt3`` (and three Vᵀ buffers; ``new_prod_tr128_vt3`` 128 columns a
@@ -96,6 +97,8 @@ VARIANTS = {
     "new_r232_qasync": {"q_async": True, "consumer_regs": 232, "producer_regs": 40},
     "new_r232_early_qasync": {"q_async": True, "tr_early": True, "consumer_regs": 232,
                               "producer_regs": 40},
+    "new_vt3_early_r232": {"num_vt": 3, "tr_early": True, "consumer_regs": 232,
+                           "producer_regs": 40},
     "new_persistent": {"persistent": True},
     "new_persistent_r232": {"persistent": True, "consumer_regs": 232, "producer_regs": 40},
     "new_persistent_r232_early": {"persistent": True, "tr_early": True, "consumer_regs": 232,
@@ -107,8 +110,8 @@ VARIANTS = {
                              "producer_regs": 72},
 }
 DEFAULT = ["old", "cutlass", "new", "new_blocked", "new_r232", "new_early", "new_r232_early",
-           "new_qasync", "new_r232_early_qasync", "new_persistent", "new_persistent_r232",
-           "new_persistent_r232_early", "new_no_vt_store"]
+           "new_vt3_early_r232", "new_qasync", "new_r232_early_qasync", "new_persistent",
+           "new_persistent_r232", "new_persistent_r232_early", "new_no_vt_store"]
 
 
 def _ablated(name: str):
