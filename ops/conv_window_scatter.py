@@ -128,6 +128,7 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
     e0 = chunk * BLOCK
     src = src_ptr + row * src_row_stride + step * src_step_stride
     dst = dst_ptr + slot * dst_slot_stride + e0
+    VEC: tl.constexpr = 128 // dst_ptr.dtype.element_ty.primitive_bitwidth  # 16-byte vectors
     # Element e0 + i lies less than BLOCK rows and km1 columns past the run's first row.
     reach = (BLOCK * tl.cast(src_dim_stride, tl.int64)
              + tl.cast(km1, tl.int64) * src_win_stride)
@@ -141,10 +142,24 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
         q = tl.umulhi(tl.cast(t * 2, tl.uint32), magic).to(tl.int32)
         off = q * tl.cast(src_dim_stride, tl.int32) + (t - q * k) * tl.cast(src_win_stride,
                                                                              tl.int32)
-        mask = (layer < num_layers) & (i < n - e0)
-        src += d0.to(tl.int64) * src_dim_stride
-        tl.store(dst + layer * dst_layer_stride + i,
-                 tl.load(src + layer * src_layer_stride + off, mask=mask), mask=mask)
+        window = src + d0.to(tl.int64) * src_dim_stride + layer * src_layer_stride + off
+        entry_off = slot * dst_slot_stride + e0
+        layer_off = layer * dst_layer_stride
+        left = n - e0
+        if (entry_off % VEC == 0) & (dst_layer_stride % VEC == 0) & (left % VEC == 0):
+            # What Triton's integer specialisation tells it when the sizes are concrete
+            # (eager calls); under Inductor's symbolic sizes only this runtime test does.
+            mask = (layer < num_layers) & (i < tl.multiple_of(left, VEC))
+            if EXCHANGE:  # hinted as a vector: the hint takes no [LAYERS, 1] tile
+                layer_off = tl.multiple_of((layer0 + tl.arange(0, LAYERS)) * dst_layer_stride,
+                                           VEC)[:, None]
+            else:
+                layer_off = tl.multiple_of(layer_off, VEC)
+            tl.store(dst_ptr + tl.multiple_of(entry_off, VEC) + layer_off + i,
+                     tl.load(window, mask=mask), mask=mask)
+        else:
+            mask = (layer < num_layers) & (i < left)
+            tl.store(dst_ptr + entry_off + layer_off + i, tl.load(window, mask=mask), mask=mask)
     else:
         # In pieces of SLOW_PIECE elements: int64 decoding holds many registers per element.
         piece_layer, j = layers_by_elements(layer0, SLOW_PIECE, LAYERS, False)
