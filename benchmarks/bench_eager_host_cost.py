@@ -23,7 +23,6 @@ three ``torch.empty``), and the original transport publish (``copy_`` into the l
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -40,7 +39,7 @@ from strictops.ops import (
 )
 from strictops.ops import sparse_mla_prefill as sparse
 
-from _harness import Report, grouped_bars, median_us, wall_us
+from _harness import Report, arg_parser, grouped_bars, median_us, parse_args, wall_us
 
 ANCHOR = Path(__file__).resolve().parents[1] / ".anchor"
 ROUNDS, CALLS, WARM_CALLS, HOST_CALLS = 5, 1000, 50, 300
@@ -64,13 +63,16 @@ def _originals():
     return originals
 
 
-def host_us(fn) -> float:
+def host_us(fn, round_start=None) -> float:
     """The host's time per call of ``fn``: median over ROUNDS rounds of HOST_CALLS calls, each
     round after a synchronisation and WARM_CALLS untimed calls (the first calls after a wait
-    are slower); the launches of a round fit in the launch queue, so the host never waits."""
+    are slower); the launches of a round fit in the launch queue, so the host never waits.
+    ``round_start``: called right after each synchronisation (e.g. to queue GPU work)."""
     samples = []
     for _ in range(ROUNDS):
         torch.cuda.synchronize()
+        if round_start is not None:
+            round_start()
         for _ in range(WARM_CALLS):
             fn()
         t0 = time.perf_counter()
@@ -171,11 +173,10 @@ def transport_rows(report: Report, originals) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
+    ap = arg_parser(__doc__)
     ap.add_argument("--no-cutlass", action="store_true",
                     help="no CUTLASS original (its first build takes minutes): null instead")
-    args = ap.parse_args()
+    args = parse_args(ap)
     originals = _originals()
     gen = torch.Generator(device="cuda").manual_seed(20261201)
     report = Report("eager_host_cost")

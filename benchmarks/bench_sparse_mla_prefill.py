@@ -2,8 +2,8 @@
 
 For each shape ``(s_q, s_kv, h_q, d_qk, topk)``, indices uniform in ``[0, s_kv)``, one row:
 
-- ``ours_tflops``: the op's default (on an sm_90 GPU the warp-specialised Gluon kernel of
-  ``strictops.ops._sparse_mla_gluon``), eager, ``do_bench`` median with the L2 flushed,
+- ``ours_tflops``: the op's default (on an sm_90 GPU the block-pair Gluon kernel of
+  ``strictops.ops._sparse_mla_hopper``), eager, ``do_bench`` median with the L2 flushed,
   counting ``2 * s_q * h_q * topk * (d_qk + 512)``;
 - ``original_tflops``: sglang's CUTLASS ``sparse_mla_q8kv8_prefill_sm90`` on the same inputs in
   the same process, when ``.anchor`` (built by the anchor setup) is importable; else null;
@@ -13,8 +13,8 @@ For each shape ``(s_q, s_kv, h_q, d_qk, topk)``, indices uniform in ``[0, s_kv)`
   ``1 + |value|``;
 - ``rel_err_full_range`` (first shape only): the same on full-range FP8 (per-tensor scales
   with amax -> 448, logits of standard deviation 5);
-- the plain Triton kernel's TFLOPS; on sm_90 also the block-pair kernel of
-  ``strictops.ops._sparse_mla_hopper`` (not the default: see
+- the plain Triton kernel's TFLOPS; on sm_90 also the shared-S kernel of
+  ``strictops.ops._sparse_mla_gluon`` (fp16 P·V, not the default: see
   ``docs/design/sparse_mla_prefill.md``); the default kernel's registers, spills and MMA
   instructions.
 
@@ -77,12 +77,12 @@ def original():
     return originals.sparse_mla()
 
 
-def _hopper_launch():
-    """The block-pair kernel's launcher, or None (no Gluon, or not an sm_90 GPU)."""
-    if m._sparse_mla_gluon is None or torch.cuda.get_device_capability() != (9, 0):
+def _shared_s_launch():
+    """The shared-S kernel's launch, or None (no Gluon, or not an sm_90 GPU)."""
+    if m._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
         return None
-    from strictops.ops import _sparse_mla_hopper
-    return _sparse_mla_hopper.launch
+    from strictops.ops import _sparse_mla_gluon
+    return _sparse_mla_gluon.launch
 
 
 def _launch_triton(args: dict, out: tuple):
@@ -139,10 +139,11 @@ def measure(shape, gen: torch.Generator, gemm: float, cutlass) -> dict:
     triton_outputs = tuple(torch.empty_like(t) for t in outputs)
     triton_us = median_us(functools.partial(_launch_triton, call, triton_outputs))
     inputs = [call[k] for k in m.INPUTS if k != "d_v"]
-    facts = kernel_facts(m._sparse_mla_gluon.launch(*inputs, *outputs, None) if gluon
+    facts = kernel_facts(m._sparse_mla_sm90.launch(*inputs, *outputs, None) if gluon
                          else _launch_triton(call, outputs))
-    hopper = _hopper_launch()
-    hopper_us = None if hopper is None else median_us(lambda: hopper(*inputs, *outputs, None))
+    shared_s = _shared_s_launch()
+    shared_s_us = (None if shared_s is None
+                   else median_us(lambda: shared_s(*inputs, *outputs, None)))
     original_us = None
     if cutlass is not None:
         q, kv, indices, sm_scale, q_scale, kv_scale = inputs[:6]
@@ -153,7 +154,7 @@ def measure(shape, gen: torch.Generator, gemm: float, cutlass) -> dict:
         ours_tflops=tflops(shape, ours_us),
         original_tflops=None if original_us is None else tflops(shape, original_us),
         fp8_gemm_tflops=gemm, triton_kernel_tflops=tflops(shape, triton_us),
-        hopper_kernel_tflops=None if hopper_us is None else tflops(shape, hopper_us),
+        shared_s_kernel_tflops=None if shared_s_us is None else tflops(shape, shared_s_us),
         rel_err_unit=unit["out"], max_logits_err_unit=unit["max_logits"],
         lse_err_unit=unit["lse"],
         rel_err_full_range=None if full is None else full["out"],
@@ -186,7 +187,7 @@ def main() -> None:
             report.check_bar(row, "ours_tflops", ">=", TARGET_TFLOPS)
     report.write(args.out, ["shape", "kernel", "us", "ours_tflops", "original_tflops",
                             "vs_original", "fp8_gemm_tflops", "triton_kernel_tflops",
-                            "hopper_kernel_tflops",
+                            "shared_s_kernel_tflops",
                             "rel_err_unit", "max_logits_err_unit", "lse_err_unit",
                             "rel_err_full_range", "max_logits_err_full_range",
                             "lse_err_full_range", "registers", "spills", "wgmma_fp8",
@@ -195,7 +196,7 @@ def main() -> None:
 
 def _plot(plt, report):
     series = [("ours (op default)", "ours_tflops"), ("our Triton kernel", "triton_kernel_tflops"),
-              ("block-pair kernel (not default)", "hopper_kernel_tflops"),
+              ("shared-S kernel (not default)", "shared_s_kernel_tflops"),
               ("original CUTLASS (same run)", "original_tflops")]
     fig, ax = grouped_bars(plt, report, "shape", series, "sparse_mla_q8kv8_prefill_fwd",
                            "TFLOPS (median)", log=False)

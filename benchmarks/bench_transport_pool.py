@@ -35,9 +35,7 @@ minutes).
 
 from __future__ import annotations
 
-import argparse
 import statistics
-from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -49,10 +47,12 @@ from strictops.ops import transport_pool as m
 
 from _harness import (
     Report,
+    arg_parser,
     copy_bandwidth_bytes_per_us,
     graph_replay_us,
     grouped_bars,
     median_us,
+    parse_args,
     wall_us,
 )
 
@@ -90,11 +90,10 @@ def _variant_name(v: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap = arg_parser(__doc__)
     ap.add_argument("--all", action="store_true",
                     help="every size (not only the bars') and the tuning sweep")
-    args = ap.parse_args()
+    args = parse_args(ap)
     bar_sizes = {size for size, *_ in BARS}
     sizes = SIZES if args.all else [(n, b) for n, b in SIZES if n in bar_sizes]
 

@@ -48,7 +48,7 @@ WS_LAUNCH = torch.ops.strictops_kernels.sparse_mla_ws_launch.default
 @pytest.fixture(params=["triton", "gluon"])
 def kernel(request, monkeypatch):
     """The kernel the op launches (``op.KERNEL``), read when a call is traced."""
-    if request.param == "gluon" and op._sparse_mla_gluon is None:
+    if request.param == "gluon" and op._sparse_mla_sm90 is None:
         pytest.skip("this Triton has no Gluon")
     monkeypatch.setattr(op, "KERNEL", request.param)
     return request.param

@@ -158,6 +158,12 @@ class Check:
         The predicate reads where tensors lie in memory (storage identity, overlapping byte
         ranges), which the metadata signature of :class:`CachedValidation` does not hold: such a
         row runs on every call, a cached verdict never covers it.
+    only_with:
+        Names of arguments without which the row always holds: where every one of them is
+        ``None``, the predicate returns ``True`` without reading any other argument. A cached
+        verdict skips such a ``reads_values``/``reads_memory`` row for a signature in which
+        they are all ``None`` (empty: the row runs on every call). The tests hold the claim
+        to account.
     """
 
     rule: str
@@ -166,6 +172,7 @@ class Check:
     error: type[Exception] = ValueError
     reads_values: bool = False
     reads_memory: bool = False
+    only_with: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -271,8 +278,9 @@ class CachedValidation:
     strides, storage offset, dtype and device of a tensor, or the type and value of anything
     else (``None`` included). A call whose signature passed before skips the rows that read
     only metadata, which a change of any of those pieces could break, and still runs every
-    ``reads_values`` and ``reads_memory`` row. A failing call is never cached; nor a call whose
-    signature cannot be computed or hashed (it is validated in full).
+    ``reads_values`` and ``reads_memory`` row, except those whose ``only_with`` arguments are
+    all ``None`` in the signature (they hold). A failing call is never cached; nor a call
+    whose signature cannot be computed or hashed (it is validated in full).
 
     Eager only: the op calls it where it skips the dispatcher (plain tensors, no tracing); the
     fake and traced paths run :meth:`Contract.validate`.
@@ -285,17 +293,28 @@ class CachedValidation:
         self.contract = contract
         self.names = names
         self.per_call = tuple(c for c in contract.checks if c.reads_values or c.reads_memory)
-        self.passed: set = set()
+        unknown = sorted({n for c in self.per_call for n in c.only_with} - set(names))
+        if unknown:
+            raise TypeError(f"{contract.op}: only_with names {unknown}, not arguments {names}")
+        # Per passed signature: the per-call rows its calls run (an empty tuple: none).
+        self.passed: dict[tuple, tuple[Check, ...]] = {}
         self.signature = _signature_function(names)
         self.namespace = eval(f"lambda {', '.join(names)}: SimpleNamespace("  # noqa: S307
                               f"{', '.join(f'{n}={n}' for n in names)})",
                               {"SimpleNamespace": SimpleNamespace})
 
-    def _validate_per_call(self, args: tuple) -> None:
-        """The ``reads_values`` and ``reads_memory`` rows, as :meth:`Contract.validate` runs
-        them (the argument mapping for a message is built only when one fails)."""
+    def _rows_of(self, args: tuple) -> tuple[Check, ...]:
+        """The per-call rows calls of ``args``'s signature run: those with an ``only_with``
+        argument given, or with none named."""
+        index = {n: i for i, n in enumerate(self.names)}
+        return tuple(c for c in self.per_call
+                     if not c.only_with or any(args[index[n]] is not None for n in c.only_with))
+
+    def _validate_per_call(self, rows: tuple[Check, ...], args: tuple) -> None:
+        """The per-call ``rows``, as :meth:`Contract.validate` runs them (the argument mapping
+        for a message is built only when one fails)."""
         namespace = self.namespace(*args)
-        for c in self.per_call:
+        for c in rows:
             if c.reads_values and not values_readable(args):
                 continue
             ok = c.ok(namespace)
@@ -305,18 +324,18 @@ class CachedValidation:
     def __call__(self, *args: Any) -> None:
         try:
             key = self.signature(*args)
-            hit = key in self.passed
+            rows = self.passed.get(key)
         except Exception:  # e.g. a sparse tensor's strides, an unhashable scalar
-            key, hit = None, False
-        if hit:
-            if self.per_call:
-                self._validate_per_call(args)
+            key = rows = None
+        if rows is not None:
+            if rows:
+                self._validate_per_call(rows, args)
             return
         self.contract.validate(**dict(zip(self.names, args)))
         if key is not None:
             if len(self.passed) >= self.MAX_ENTRIES:
                 self.passed.clear()
-            self.passed.add(key)
+            self.passed[key] = self._rows_of(args)
 
 
 def _signature_function(names: tuple[str, ...]) -> Callable[..., tuple]:

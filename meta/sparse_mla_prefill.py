@@ -271,6 +271,7 @@ CHECKS = (
         lambda indices, **_: ("topk_length values must satisfy 0 <= topk_length <= topk "
                               f"({indices.shape[2]})"),
         reads_values=True,
+        only_with=("topk_length",),
     ),
     Check(
         "d_v",
@@ -298,6 +299,7 @@ CHECKS = (
                     _disjoint(a.max_logits, a.lse))),
         lambda **_: "out, max_logits and lse must not alias each other",
         reads_memory=True,
+        only_with=("max_logits", "lse"),
     ),
     # Added: the device-side error counter (an argument the original did not have).
     _vector("topk_length_errors", torch.int32, lambda a: 1),
@@ -309,6 +311,7 @@ CHECKS = (
         or sym_all(_disjoint(a.topk_length_errors, getattr(a, b)) for b in BUFFERS),
         lambda **_: "topk_length_errors must not alias out, max_logits or lse",
         reads_memory=True,
+        only_with=("topk_length_errors",),
     ),
 )
 

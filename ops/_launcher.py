@@ -40,6 +40,7 @@ from typing import Any, Sequence
 
 import torch
 from triton import knobs
+from triton.language import constexpr
 from triton.runtime.driver import driver
 
 __all__ = ["Launcher", "Pointer", "keyword_constexprs"]
@@ -59,42 +60,50 @@ class Pointer:
         return self.address
 
 
-# One parameter's part of the generated ``arguments`` function: its key ``k{i}`` and the value
-# ``v{i}`` the C launcher takes. An int's key holds what decides Triton's specialisation: whether
-# it is 1, whether a multiple of 16, and its range (int32, int64, uint64; Triton refuses the
-# rest).
+# One runtime parameter's part of the generated ``arguments`` function: the value ``v{i}`` the C
+# launcher takes and the parameter's two items of the flat key, ``d{i}`` and ``k{i}``. A tensor
+# or ``Pointer``: its dtype and whether its address is a multiple of 16. An int: ``int`` and, in
+# [0, 2**31), a code (True: it is 1, 16: a multiple of 16, 0: neither), else the tuple of what
+# decides Triton's specialisation (whether 1, whether a multiple of 16, whether in int32, int64,
+# uint64; Triton refuses the rest). A float, bool or None: its class, twice.
 _RUNTIME_PARAMETER = """
     c = a{i}.__class__
     if c is Tensor:
         v{i} = a{i}.data_ptr()
-        k{i} = (a{i}.dtype, not v{i} & 15)
+        d{i} = a{i}.dtype
+        k{i} = not v{i} & 15
     elif c is int:
         v{i} = a{i}
-        k{i} = (a{i} == 1, not a{i} & 15, -0x80000000 <= a{i} < 0x80000000,
-                -0x8000000000000000 <= a{i} < 0x8000000000000000,
-                0 <= a{i} < 0x10000000000000000)
+        d{i} = int
+        k{i} = (a{i} == 1 or (not a{i} & 15) * 16) if 0 <= a{i} < 0x80000000 else (
+            a{i} == 1, not a{i} & 15, -0x80000000 <= a{i} < 0x80000000,
+            -0x8000000000000000 <= a{i} < 0x8000000000000000,
+            0 <= a{i} < 0x10000000000000000)
     elif c is Pointer:
         v{i} = a{i}.address
-        k{i} = (a{i}.dtype, not v{i} & 15)
+        d{i} = a{i}.dtype
+        k{i} = not v{i} & 15
     elif a{i} is None or c is float or c is bool:
         v{i} = a{i}
-        k{i} = c
+        d{i} = k{i} = c
     else:
         return None, None"""
 
 
 def _arguments_function(constexpr: Sequence[bool]):
-    """``arguments(args) -> (key, values)`` for a kernel whose parameters are constexprs where
-    ``constexpr`` says: the specialisation key of a call (see the module docstring; a
-    constexpr's part is its value) and the values the C launcher takes (pointers as
-    integers), or ``(None, None)`` for an argument only ``JITFunction.run`` handles. Written
-    out parameter by parameter: no loop, no list."""
+    """``arguments(args, device, options, debug, mode) -> (key, values)`` for a kernel whose
+    parameters are constexprs where ``constexpr`` says: the flat specialisation key of a call
+    (the device, the options and the two knobs, then per parameter a constexpr's value or a
+    runtime parameter's two items; see the module docstring) and the values the C launcher
+    takes (pointers as integers); or ``(None, None)`` for an argument only ``JITFunction.run``
+    handles. Written out parameter by parameter: no loop, no list, one flat key tuple."""
     names = [f"a{i}" for i in range(len(constexpr))]
     body = "".join(_RUNTIME_PARAMETER.format(i=i) for i, c in enumerate(constexpr) if not c)
-    key = ", ".join(f"a{i}" if c else f"k{i}" for i, c in enumerate(constexpr))
+    key = ", ".join(f"a{i}" if c else f"d{i}, k{i}" for i, c in enumerate(constexpr))
     values = ", ".join(f"a{i}" if c else f"v{i}" for i, c in enumerate(constexpr))
-    source = (f"def arguments(args):\n    {', '.join(names)}, = args{body}\n"
-              f"    return ({key},), ({values},)\n")
+    source = (f"def arguments(args, device=None, options=(), debug=None, mode=None):\n"
+              f"    {', '.join(names)}, = args{body}\n"
+              f"    return (device, options, debug, mode, {key}), ({values},)\n")
     namespace = {"Tensor": torch.Tensor, "Pointer": Pointer}
     exec(source, namespace)  # noqa: S102 - generated from the parameter count only
     return namespace["arguments"]
@@ -118,8 +127,15 @@ class _Prepared:
                      if self.scratch else
                      (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
                       kernel.packed_metadata, None, None, None))
-        self.globals = tuple((name, value, namespace)
+        # Per global the kernel reads: its name, the value it was compiled with, that value's
+        # own value when it is a constexpr (compared directly: constexpr's != builds two
+        # constexpr objects per call), and the namespace holding it.
+        self.globals = tuple((name, value, value.value if value.__class__ is constexpr
+                              else _NOTHING, namespace)
                              for (name, _), (value, namespace) in globals_used.items())
+
+
+_NOTHING = object()
 
 
 class Launcher:
@@ -143,11 +159,8 @@ class Launcher:
 
     def key(self, args: Sequence[Any], options: tuple) -> tuple | None:
         """The cache key of a call on the current device (tests compare it with Triton's)."""
-        key, _ = self.arguments(args)
-        if key is None:
-            return None
-        return (self._current_device(), options, knobs.runtime.debug,
-                knobs.compilation.instrumentation_mode, key)
+        return self.arguments(args, self._current_device(), options, knobs.runtime.debug,
+                              knobs.compilation.instrumentation_mode)[0]
 
     def _current_device(self) -> int:
         if self._device is None:
@@ -169,23 +182,24 @@ class Launcher:
         if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls or \
                 self.fn.pre_run_hooks:
             return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
-        key, values = self.arguments(args)
+        key, values = self.arguments(args, current, options, runtime.debug,
+                                     knobs.compilation.instrumentation_mode)
         if key is None:
             return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
-        full_key = (current, options, runtime.debug, knobs.compilation.instrumentation_mode,
-                    key)
         try:
-            prepared = self.prepared.get(full_key)
+            prepared = self.prepared.get(key)
         except TypeError:  # an unhashable constexpr
             return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
         if prepared is None:
             kernel = self.fn.run(*args, grid=grid, warmup=False, **dict(options))
             if hasattr(kernel, "result"):  # an asynchronous compile
                 kernel = kernel.result()
-            self.prepared[full_key] = _Prepared(kernel, self.fn.used_global_vals)
+            self.prepared[key] = _Prepared(kernel, self.fn.used_global_vals)
             return kernel
-        for name, value, namespace in prepared.globals:
-            if namespace.get(name) != value:  # what JITFunction.run checks on every launch
+        for name, value, raw, namespace in prepared.globals:
+            # What JITFunction.run checks on every launch: the global still equals its value.
+            now = namespace.get(name, _NOTHING)
+            if not (now.__class__ is constexpr and now.value == raw) and now != value:
                 raise RuntimeError(f"Global variable {name} has changed since we compiled "
                                    f"this kernel, from {value} to {namespace.get(name)}")
         if len(grid) == 3:

@@ -1,11 +1,14 @@
-"""The warp-specialised sm_90 kernel of sparse MLA prefill, in Gluon (``triton.experimental``).
+"""The shared-S warp-specialised sm_90 kernel of sparse MLA prefill, in Gluon
+(``triton.experimental``), and the pieces both Gluon kernels share (:func:`launch_kernel`,
+:func:`rows_to_attend`, :func:`store_q`, :func:`tuned`).
 
-``strictops.ops.sparse_mla_prefill`` runs this kernel on sm_90 GPUs and its plain Triton kernel
-everywhere else (other GPUs, the Triton interpreter, tracing without a GPU); both compute the
-same thing from the same validated arguments (see that module for the semantics). Importing
-this module needs Gluon's Hopper API (Triton 3.6, the version CI pins and the GPU machine has;
-``ImportError`` otherwise): the op module decides, in one place, whether it has it. Why this
-design, with what was measured and rejected: docs/design/sparse_mla_prefill.md#gluon-kernel-sm_90
+Not the op's default on sm_90 (``strictops.ops._sparse_mla_sm90`` selects; the block-pair
+kernel of ``_sparse_mla_hopper`` runs by default): this kernel runs P·V in fp16, with about
+2.6x lower ``out`` error than the block-pair kernel's FP8 P·V at about 0.6x its speed on the
+H200. It computes what the op's other kernels compute (see ``strictops.ops.sparse_mla_prefill``)
+from the same validated arguments. Importing this module needs Gluon's Hopper API (Triton 3.6;
+``ImportError`` otherwise). Why this design, with what was measured and rejected:
+docs/design/sparse_mla_prefill.md#gluon-kernel-sm_90
 
 Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes token ``pid // (h_q // 64)`` for 64 heads,
 with three warpgroups (12 warps), one CTA per SM (181 KiB of shared memory at ``d_qk = 576``):
@@ -34,16 +37,11 @@ Synchronisation, by mbarriers in shared memory (phase = use count & 1):
 
 Registers move from the producer to the consumers with ``setmaxnreg`` (``TUNING``).
 
-Also here: the launch as an op of its own (``strictops_kernels::sparse_mla_ws_launch``), which
-traced calls record since Inductor cannot compile a Gluon kernel, and the eager launch through
-the cached launcher (:func:`launch_eager`).
+The launch path the op takes on sm_90 (eager and traced) is in ``strictops.ops._sparse_mla_sm90``.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -54,10 +52,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._dispatch import on_device_of
-from ._launcher import Launcher
 
-__all__ = ["TUNING", "constexprs", "launch", "launch_eager", "sparse_mla_ws_kernel"]
+__all__ = ["TUNING", "constexprs", "launch", "sparse_mla_ws_kernel"]
 
 # 64 heads a CTA, 64 gathered rows a step, 512 latent (V) columns; each consumer owns 256.
 BLOCK_H = 64
@@ -433,57 +429,3 @@ def launch(*args, **tuning):
     """:func:`launch_kernel` of this module's kernel; ``args`` as for
     ``strictops_kernels::sparse_mla_ws_launch``, ``tuning`` overrides entries of ``TUNING``."""
     return launch_kernel(sparse_mla_ws_kernel, constexprs, TUNING, *args, **tuning)
-
-
-# The eager launches, prepared once per specialisation (see strictops.ops._launcher).
-_LAUNCHER = Launcher(sparse_mla_ws_kernel)
-
-
-def launch_eager(grid, runtime_args, d_qk, has_topk_length, has_attn_sink, has_errors, device):
-    """:func:`launch` with the default tuning through the cached launcher: ``runtime_args``
-    are the kernel's first 15 parameters (those of :func:`launch`'s call, in order)."""
-    t = TUNING
-    _LAUNCHER(grid, (*runtime_args, d_qk, has_topk_length, has_attn_sink, has_errors,
-                     t["num_stages"], t["consumer_regs"], t["producer_regs"], t["lag"]),
-              (("num_warps", 4), ("maxnreg", t["max_regs"])), device)
-
-
-def launch_on_device(q, *args):
-    """:func:`launch` on ``q``'s device (made current for the launch if it is not)."""
-    with on_device_of(q):
-        return launch(q, *args)
-
-
-@torch.library.custom_op("strictops_kernels::sparse_mla_ws_launch",
-                         mutates_args=("out", "max_logits", "lse", "topk_length_errors"))
-def _ws_launch(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sm_scale: float,
-    q_scale: torch.Tensor,
-    kv_scale: torch.Tensor,
-    attn_sink: Optional[torch.Tensor],
-    topk_length: Optional[torch.Tensor],
-    out: torch.Tensor,
-    max_logits: torch.Tensor,
-    lse: torch.Tensor,
-    topk_length_errors: Optional[torch.Tensor],
-) -> None:
-    """The Gluon kernel's launch as an op of its own, for traced calls of
-    ``strictops::sparse_mla_q8kv8_prefill_fwd`` only.
-
-    Inductor compiles ``wrap_triton`` launches of ``@triton.jit`` kernels, not Gluon ones, so
-    a traced call of the public op records this op instead: the contract has already run in
-    the public op's body (this op is never called on unvalidated arguments), and the outputs
-    are already allocated, so its fake has nothing to check or allocate. Eager calls launch
-    directly.
-    """
-    launch_on_device(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
-                     max_logits, lse, topk_length_errors)
-
-
-@_ws_launch.register_fake
-def _(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out, max_logits,
-      lse, topk_length_errors) -> None:
-    return None

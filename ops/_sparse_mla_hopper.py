@@ -1,8 +1,8 @@
 """A block-pair Hopper (sm_90) kernel of sparse MLA prefill, in Gluon (``triton.experimental``).
 
-Not the op's default: ``strictops.ops.sparse_mla_prefill`` runs ``_sparse_mla_gluon`` on sm_90,
-which measured 1-5% faster than this kernel on the H200 (``docs/design/sparse_mla_prefill.md``;
-``benchmarks/experiments/sparse_mla_hopper.py`` checks and times both). Importing this module
+The op's default on sm_90 (``strictops.ops._sparse_mla_sm90`` selects), the fastest of its
+kernels on the H200 (``docs/design/sparse_mla_prefill.md``;
+``benchmarks/experiments/sparse_mla_hopper.py`` checks and times them side by side). Importing this module
 needs Gluon's Hopper API (``ImportError`` otherwise). It computes what the op's kernels compute
 (see ``strictops.ops.sparse_mla_prefill``) from the same validated arguments.
 
@@ -24,7 +24,15 @@ Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with t
   before the second. The second P·V of pair ``p`` is issued with the Q·Kᵀ of pair ``p + 1``.
 - V transpose (``TR_CONS``): each consumer transposes its own half of V of both blocks of a
   pair into ``vt[0]``/``vt[1]`` while its Q·Kᵀ runs; otherwise the producer transposes block
-  ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``.
+  ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``. With ``TR_EARLY`` a
+  consumer transposes block ``2p`` while the second P·V of pair ``p - 1`` (which reads
+  ``vt[1]``) still runs, block ``2p + 1`` after it. With ``VT_LDSM`` it reads
+  V as 16-bit words with ``ldmatrix.trans``, swaps bytes between row pairs (2 ``prmt`` per 8
+  bytes) and writes with ``stmatrix``, which puts row ``n``, column ``d`` of V at row ``ρ(d)``,
+  column ``σ(n)`` of Vᵀ (bit permutations that keep both free of bank conflicts); P is stored
+  with its columns in σ order and the output columns of O are read in ρ order
+  (``_transpose_ldsm``). Otherwise a blocked layout (``LDSM``, ``PRMT``, ``STS.64``) writes
+  ``Vᵀ[d][n]``.
 
 Softmax arithmetic is in base 2: ``t = s * scale * log2(e) + bias`` (one FFMA), ``P =
 2^(t - m + 8)``; the row sums ``l`` (fp32, over the unrounded P) carry the same 2⁸, so ``lse =
@@ -70,10 +78,12 @@ BLOCK_H = 64
 BLOCK_N = 64
 D_V = 512
 # 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V (404 against
-# 358 TFLOPS for the producer); setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
+# 358 TFLOPS for the producer); the transpose by ldmatrix.trans / stmatrix (``vt_ldsm``) is
+# free of bank conflicts; setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
 # Every knob and its measurement: docs/design/sparse_mla_prefill.md#measurements
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
-          "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
+          "vt_ldsm": True, "tr_early": False, "consumer_regs": 224, "producer_regs": 56,
+          "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -100,11 +110,83 @@ def _valid_rows(idx_smem, i, n_rows, s_kv, layout: gl.constexpr):
     return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)
 
 
+# The ldmatrix.trans / stmatrix transpose writes V of row n, column d to row ρ(d), column σ(n)
+# of Vᵀ: σ moves bit 3 of n to bit 1 (bits 1, 2 up to 2, 3), ρ swaps bits 0 and 3 of d. P's
+# columns are relabelled by σ before their store and O's columns by ρ before the output store
+# (register relabellings: no data moves). The index algebra: see _transpose_ldsm and its test.
+_TR_SPLIT = gl.constexpr((0, 1, 3, 4, 6, 5, 2))  # [n5 n4 n3 n2 n1 n0 j] -> [n5 n4 n2 n1 j n0 n3]
+_TR_JOIN = gl.constexpr((4, 9, 6, 7, 5, 0, 1, 2, 3, 8))  # -> [j>>3, d0, j1, j0, j2 | σ(n) >> 1]
+_P_COLS = gl.constexpr((0, 1, 2, 4, 5, 3, 6))  # [h n5 n4 n3 n2 n1 n0] -> [h | σ(n)]
+_O_COLS = gl.constexpr((0, 1, 5, 3, 4, 2))  # [h r>>4 r3 r2 r1 r0] -> [h | ρ(r)]
+
+
+@gluon.constexpr_function
+def _vt_load_layout(j):
+    """Registers of V read as int16 ``[64 rows, j]`` (two FP8 columns a word) the way
+    ``ldmatrix.trans`` delivers them: register 0 holds rows n, n + 1 (one 32-bit register),
+    lanes 0-1 rows +2, +4 (eight consecutive rows per 8x8 matrix: the 128-byte swizzle puts
+    them in distinct banks), lanes 2-4 the eight words of a 16-byte row, registers 1-3 rows
+    +8, +16, +32, warps words +8, +16, further registers words +32, +64."""
+    reg = [[1, 0], [8, 0], [16, 0], [32, 0]]
+    k = 32
+    while k < j:
+        reg.append([0, k])
+        k *= 2
+    return gl.DistributedLinearLayout(reg, [[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
+                                      [[0, 8], [0, 16]], [], [64, j])
+
+
+@gluon.constexpr_function
+def _packs_rows(layout):
+    """Whether register 0 of ``layout`` (linear) steps along the last axis (rows n, n + 1)."""
+    return layout.reg_bases[0] == [0] * (len(layout.shape) - 1) + [1]
+
+
+@gluon.jit
+def _transpose_ldsm(src, dst, J: gl.constexpr):
+    """``Vᵀ[ρ(d)][σ(n)] = V[n][d]`` for FP8 ``V`` [64 rows n, 2J columns d] given as its int16
+    view ``src`` [64, J] (word j: columns 2j, 2j + 1), into ``dst``, the int16 view [2J, 32]
+    of ``Vᵀ`` [2J, 64]. Per thread per 8 bytes: half an ``ldmatrix.trans`` (x4), 2 ``PRMT``,
+    half an ``stmatrix`` (x4); both access 8 distinct 16-byte bank groups per matrix."""
+    x = gl.reshape(src.load(_vt_load_layout(J)), [2, 2, 2, 2, 2, 2, J])
+    a, b = gl.split(gl.permute(x, _TR_SPLIT.value))  # rows with bit 3 clear, set
+    gl.static_assert(_packs_rows(gl.to_linear_layout(a.type.layout, a.shape)),
+                     "inline asm packs registers 0 and 1: they must hold rows n, n + 1")
+    # A register of a packs words j of rows n, n + 1: bytes V[n][2j], V[n][2j + 1],
+    # V[n + 1][2j], V[n + 1][2j + 1]; of b, rows n + 8, n + 9. o0 gets column 2j of the four
+    # rows, o1 column 2j + 1: Vᵀ words in σ order.
+    o0, o1 = gl.inline_asm_elementwise(
+        "prmt.b32 $0, $2, $3, 0x6420;\n\tprmt.b32 $1, $2, $3, 0x7531;", "=r,=r,r,r", [a, b],
+        dtype=(gl.int16, gl.int16), is_pure=True, pack=2)
+    y = gl.reshape(gl.join(o0, o1), [2, 2, 2, 2, J // 8, 2, 2, 2, 2, 2])
+    dst.store(gl.reshape(gl.permute(y, _TR_JOIN.value), [2 * J, 32]))
+
+
+@gluon.constexpr_function
+def _pairs_first(layout):
+    """``layout`` (linear, 2-D) with the register basis of the next column first, so that
+    stores write two columns at once."""
+    reg = [list(b) for b in layout.reg_bases]
+    i = reg.index([0, 1])
+    reg[0], reg[i] = reg[i], reg[0]
+    return gl.DistributedLinearLayout(reg, layout.lane_bases, layout.warp_bases,
+                                      layout.block_bases, layout.shape)
+
+
+@gluon.jit
+def _vt16(k_nope, vt, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr):
+    """int16 views of the gathered rows' first 512 columns and of the Vᵀ buffers (the same
+    bytes: the swizzles permute 16-byte chunks)."""
+    return (k_nope._reinterpret(gl.int16, [NUM_STAGES, _BLOCK_N, 256],
+                                gl.NVMMASharedLayout(128, 16)),
+            vt._reinterpret(gl.int16, [NUM_VT, 512, _BLOCK_N // 2], gl.NVMMASharedLayout(64, 16)))
+
+
 @gluon.jit
 def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
               idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, LAG: gl.constexpr,
-              TR_CONS: gl.constexpr):
+              TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr):
     """Gather block ``i`` into stage ``i % NUM_STAGES``, then transpose block ``i - LAG``'s V.
 
     The indices travel through ``idx_smem`` (4 slots), copied two blocks ahead with
@@ -159,8 +241,14 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
             fence_async_shared()
             for h in gl.static_range(2):
                 mbarrier.wait(vt_free.index(2 * v + h), ((b // NUM_VT) & 1) ^ 1)
-                x = k_nope.index(s).slice(h * 256, 256, dim=1).load(tr_layout)
-                vt.index(v).slice(h * 256, 256, dim=0).store(gl.permute(x, (1, 0)))
+                if VT_LDSM:
+                    k16, vt16 = _vt16(k_nope, vt, NUM_STAGES, NUM_VT)
+                    for c in gl.static_range(h * 256, h * 256 + 256, TR_COLS):
+                        _transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
+                                        vt16.index(v).slice(c, TR_COLS, dim=0), TR_COLS // 2)
+                else:
+                    x = k_nope.index(s).slice(h * 256, 256, dim=1).load(tr_layout)
+                    vt.index(v).slice(h * 256, 256, dim=0).store(gl.permute(x, (1, 0)))
                 fence_async_shared()  # generic stores, then wgmma (async proxy) reads
                 gl.thread_barrier()
                 mbarrier.arrive(vt_ready.index(2 * v + h))
@@ -198,7 +286,7 @@ def _issue_pv2(C: gl.constexpr, p, acc, p_smem, vt, vt_ready, p_bar, NUM_VT: gl.
 @gluon.jit
 def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx, vt,
                  k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES: gl.constexpr,
-                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr):
+                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, VT_LDSM: gl.constexpr):
     """Softmax of this consumer's block ``2p + C`` (S in ``sc``), the max chain, P to shared
     memory, and the first P·V of pair ``p`` (block ``2p``). Returns ``acc`` and ``l_i``
     relative to ``m1`` and ``m1``, the pair's final maximum."""
@@ -231,7 +319,11 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     pr = gl.exp2(t - gl.expand_dims(m_ref - _HEADROOM, 1))
     l_i = l_i * gl.exp2(m_run - m_ref) + gl.sum(pr, 1)
-    p_smem.index(2 * par + C).store(pr.to(gl.float8e4nv))
+    p8 = pr.to(gl.float8e4nv)
+    if VT_LDSM:  # column σ(n) of P meets column σ(n) of Vᵀ
+        p8 = gl.reshape(gl.permute(gl.reshape(p8, [_BLOCK_H, 2, 2, 2, 2, 2, 2]), _P_COLS.value),
+                        [_BLOCK_H, _BLOCK_N])
+    p_smem.index(2 * par + C).store(p8)
     fence_async_shared()  # generic stores, then wgmma (async proxy) reads
     gl.thread_barrier()
     if C == 1:
@@ -262,27 +354,28 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
 
 
 @gluon.jit
-def _transpose_pair(C: gl.constexpr, p, k_nope, vt, k_ready, k_free, NUM_STAGES: gl.constexpr,
-                    TR_COLS: gl.constexpr):
-    """Half ``C`` of V of blocks ``2p`` and ``2p + 1``, transposed into rows ``[256C, 256C +
-    256)`` of ``vt[0]`` and ``vt[1]``, ``TR_COLS`` columns per load; releases the other
-    consumer's block."""
+def _transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k_free,
+                     NUM_STAGES: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr):
+    """Half ``C`` of V of block ``2p + q``, transposed into rows ``[256C, 256C + 256)`` of
+    ``vt[q]``, ``TR_COLS`` columns per load; releases the block if it is the other
+    consumer's. The caller fences and synchronises before the P·V reads."""
     # [64 rows, 64 columns] per 8 x 4 bytes of a thread, stored transposed as 4 groups of 8
     # contiguous bytes.
     tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
-    for q in gl.static_range(2):
-        b = 2 * p + q
-        s = b % NUM_STAGES
-        if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
-            mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
-        for c in gl.static_range(256 // TR_COLS):
-            x = k_nope.index(s).slice(C * 256 + c * TR_COLS, TR_COLS, dim=1).load(tr_layout)
-            vt.index(q).slice(C * 256 + c * TR_COLS, TR_COLS, dim=0).store(
-                gl.permute(x, (1, 0)))
-        if q != C:
-            mbarrier.arrive(k_free.index(s))
-    fence_async_shared()  # generic stores, then wgmma (async proxy) reads
-    gl.thread_barrier()
+    b = 2 * p + q
+    s = b % NUM_STAGES
+    if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
+        mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
+    for c in gl.static_range(C * 256, C * 256 + 256, TR_COLS):
+        if VT_LDSM:
+            k16, vt16 = _vt16(k_nope, vt, NUM_STAGES, 2)
+            _transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
+                            vt16.index(q).slice(c, TR_COLS, dim=0), TR_COLS // 2)
+        else:
+            x = k_nope.index(s).slice(c, TR_COLS, dim=1).load(tr_layout)
+            vt.index(q).slice(c, TR_COLS, dim=0).store(gl.permute(x, (1, 0)))
+    if q != C:
+        mbarrier.arrive(k_free.index(s))
 
 
 @gluon.jit
@@ -290,7 +383,8 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
               h_q, n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
               p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
               D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-              NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr):
+              NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
+              VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr):
     """Consumer ``C``: blocks ``2p + C``, output columns ``[256C, 256C + 256)``; consumer 1
     also writes ``max_logits`` and ``lse``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
@@ -308,24 +402,33 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
     # serialise every wgmma.
     st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, C, D_QK, NUM_STAGES)
     if TR_CONS:
-        _transpose_pair(C, 0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS)
+        for q in gl.static_range(2):
+            _transpose_block(C, q, 0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
+        fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+        gl.thread_barrier()
     sc = warpgroup_mma_wait(0, deps=(st, ))
     acc, m_run, l_i = _softmax_pv1(C, 0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
                                    vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
-                                   NUM_VT, TR_CONS)
+                                   NUM_VT, TR_CONS, VT_LDSM)
     for p in range(1, n_pairs):
         pv = _issue_pv2(C, p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
         st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * p + C, D_QK,
                        NUM_STAGES)
+        if TR_CONS and TR_EARLY:  # vt[0]'s last reader, the first P·V of pair p - 1, is done
+            _transpose_block(C, 0, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
         acc = warpgroup_mma_wait(QK_GROUPS, deps=(pv, ))
-        if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite both
-            _transpose_pair(C, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS)
+        if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite it (and vt[0])
+            for q in gl.static_range(1 if TR_EARLY else 0, 2):
+                _transpose_block(C, q, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS,
+                                 VT_LDSM)
+            fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+            gl.thread_barrier()
         else:
             mbarrier.arrive(vt_free.index(2 * ((2 * p - 1) % NUM_VT) + C))
         sc = warpgroup_mma_wait(0, deps=(st, ))
         acc, m_run, l_i = _softmax_pv1(C, p, sc, acc, m_run, l_i, scale_log2, bias, p_smem,
                                        mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                                       NUM_STAGES, NUM_VT, TR_CONS)
+                                       NUM_STAGES, NUM_VT, TR_CONS, VT_LDSM)
     pv = _issue_pv2(C, n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
     acc = warpgroup_mma_wait(0, deps=(pv, ))
 
@@ -349,8 +452,13 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
         gl.store(max_logits_ptr + row_of_head, gl.where(seen, m_run * _LN2, float("-inf")))
         gl.store(lse_ptr + row_of_head, lse)
     out = acc * gl.expand_dims(gl.convert_layout(weight, row_o), 1)
-    out_rows = gl.convert_layout(row_of_head, row_o)
-    out_cols = C * 256 + gl.arange(0, 256, gl.SliceLayout(0, o_layout))
+    if VT_LDSM:  # column r of O is output column ρ(r)
+        out = gl.reshape(gl.permute(gl.reshape(out, [_BLOCK_H, 16, 2, 2, 2, 2]), _O_COLS.value),
+                         [_BLOCK_H, 256])
+        out = gl.convert_layout(out, _pairs_first(out.type.layout))  # registers renamed only
+    out_layout: gl.constexpr = out.type.layout
+    out_rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, out_layout))
+    out_cols = C * 256 + gl.arange(0, 256, gl.SliceLayout(0, out_layout))
     gl.store(out_ptr + gl.expand_dims(out_rows, 1) * _D_V + gl.expand_dims(out_cols, 0),
              out.to(gl.bfloat16))
 
@@ -360,11 +468,12 @@ def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h
                 scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx,
                 lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
                 D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-                NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr):
+                NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
+                VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr):
     _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
               scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum,
               k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, D_QK, HAS_ATTN_SINK,
-              NUM_STAGES, NUM_VT, TR_CONS, TR_COLS)
+              NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY)
 
 
 @gluon.jit
@@ -393,6 +502,8 @@ def sparse_mla_hopper_kernel(
     LAG: gl.constexpr,
     TR_CONS: gl.constexpr,
     TR_COLS: gl.constexpr,
+    VT_LDSM: gl.constexpr,
+    TR_EARLY: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -460,14 +571,16 @@ def sparse_mla_hopper_kernel(
         (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
                      n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
                      p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                     l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS)),
+                     l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
+                     VT_LDSM, TR_EARLY)),
         (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
                        n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
                        p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                       l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS)),
+                       l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
+                       VT_LDSM, TR_EARLY)),
         (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
                      idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT,
-                     LAG, TR_CONS)),
+                     LAG, TR_CONS, TR_COLS, VT_LDSM)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -478,7 +591,8 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
     t = tuned(TUNING, tuning)
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
-                LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"],
+                LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"], VT_LDSM=t["vt_ldsm"],
+                TR_EARLY=t["tr_early"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 

@@ -357,7 +357,9 @@ class WaitWatchdog:
         self._timed_out: list[tuple[Lease, float]] = []
         self._checking = False  # the thread holds expired waits out of _pending
         self._thread: Optional[threading.Thread] = None
-        self._stream: Optional[torch.cuda.Stream] = None
+        # Made here, by the thread that arms waits, before any of them is pending: the
+        # watchdog's own thread makes no CUDA object while a wait it watches blocks a stream.
+        self._stream = torch.cuda.Stream(words.device) if words.is_cuda else None
         self._closed = False
 
     def arm(self, lease: Lease, timeout: float) -> None:
@@ -449,9 +451,6 @@ class WaitWatchdog:
                 time.sleep(COALESCE_S)
 
     def _outcomes(self, words: torch.Tensor, leases, abort: bool) -> list[int]:
-        with self._cond:
-            if self._stream is None and words.is_cuda:
-                self._stream = torch.cuda.Stream(words.device)
         with torch.cuda.stream(self._stream) if self._stream else contextlib.nullcontext():
             return wait_outcomes(words, leases, abort, self.kernel)
 

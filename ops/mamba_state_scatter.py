@@ -136,7 +136,7 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
     On the eager hot path, so it reads each piece of metadata once and avoids helpers with
     per-call overhead (``triton.cdiv`` costs more than the rest of this function together).
     """
-    shape, dst_strides = dst.shape, dst.stride()
+    shape, dst_strides, src_shape = dst.shape, dst.stride(), src.shape
     entry_numel = math.prod(shape[2:])
     block = max(block_bytes // dst.element_size(), 16)
     chunks_per_entry = (entry_numel + block - 1) // block
@@ -145,9 +145,9 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
     grid = (n_requests * chunks_per_entry, shape[0], 1)
     return grid, (
         dst, src, dst_indices_raw, step_indices_raw, src_idx,
-        n_requests, shape[1], src.shape[1], src.shape[2], entry_numel,
+        n_requests, shape[1], src_shape[1], src_shape[2], entry_numel,
         dst_strides[0], dst_strides[1],
-        dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
+        dst_indices_raw.stride()[0], step_indices_raw.stride()[0], src_idx.stride()[0],
         src_indices_raw is not None, block, SCAN,
     )
 

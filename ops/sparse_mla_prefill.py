@@ -14,10 +14,10 @@ outputs it allocated (none, some or all three): a custom op may not return its i
 allocating inside the op is what keeps "validate, then allocate" true for a call that passes
 some buffers and not others.
 
-Two kernels (``KERNEL``, ``warp_specialized``): on an sm_90 GPU the warp-specialised Gluon
-kernel of ``strictops.ops._sparse_mla_gluon`` (on the H200, 407 TFLOPS at
-``(s_q, s_kv, h_q, d_qk, topk) = (4096, 8192, 128, 576, 2048)``, against 262 for the Triton
-kernel here; docs/design/sparse_mla_prefill.md), everywhere else the Triton kernel below
+Two paths (``KERNEL``, ``warp_specialized``): on an sm_90 GPU a warp-specialised Gluon
+kernel (``strictops.ops._sparse_mla_sm90`` chooses it: by default the block-pair kernel, 2.5x
+the Triton kernel here on the H200; docs/design/sparse_mla_prefill.md), everywhere else the
+Triton kernel below
 (other GPUs, the Triton interpreter, tracing without a GPU). Inductor cannot compile a Gluon
 kernel from a ``wrap_triton`` launch, so a traced call of the Gluon path records an opaque op,
 ``strictops_kernels::sparse_mla_ws_launch``, after the contract has run in this op's body;
@@ -65,11 +65,11 @@ from ._interpret import interpreted
 from ._launcher import Launcher
 
 try:  # the one place that decides whether this Triton has Gluon's Hopper API
-    from . import _sparse_mla_gluon
+    from . import _sparse_mla_sm90
 except ImportError as error:  # without it, the Triton kernel runs everywhere
     if not (error.name or "").startswith("triton"):
         raise
-    _sparse_mla_gluon = None
+    _sparse_mla_sm90 = None
 
 # The public function. The reference and the helpers of tests, benchmarks and the self-check
 # (``reference``, ``relative_l2``, ``compare_to_reference``, ``launch_interpreted``,
@@ -197,7 +197,7 @@ def _sparse_mla_prefill_kernel(
 # Triton kernel: 8 warps, 2 stages and 64 rows a step were the best on the H200 (262 TFLOPS);
 # Triton 3.6 miscompiles 1 stage. Why: docs/design/sparse_mla_prefill.md#triton-kernel
 TUNING = {"num_warps": 8, "num_stages": 2, "block_n": 64}
-# Which kernel a CUDA call runs: "auto" (the warp-specialised Gluon kernel on sm_90 when this
+# Which kernel a CUDA call runs: "auto" (a warp-specialised Gluon kernel on sm_90 when this
 # Triton has Gluon, the Triton kernel elsewhere), "gluon" or "triton" (tests, A/B runs).
 KERNEL = "auto"
 
@@ -246,7 +246,7 @@ def warp_specialized(q: torch.Tensor, real: bool = False) -> bool:
     """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see
     ``KERNEL``): a trace-time constant of the device, never of a size. ``real``: ``q`` is a
     real CUDA tensor (the eager path), so a GPU is there to ask."""
-    if KERNEL == "triton" or _sparse_mla_gluon is None:
+    if KERNEL == "triton" or _sparse_mla_sm90 is None:
         return False
     if KERNEL == "gluon":  # also on fake CUDA tensors without a GPU: CI traces this path
         return True
@@ -271,7 +271,7 @@ def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d
         with on_device_of(q, real_launch):
             _launch(kernel, *launch_args)
     elif real_launch:
-        _sparse_mla_gluon.launch_on_device(*launch_args)
+        _sparse_mla_sm90.launch_on_device(*launch_args)
     else:
         torch.ops.strictops_kernels.sparse_mla_ws_launch(*launch_args)
     return fresh
@@ -294,13 +294,16 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
     if max_logits is None and lse is None:
         max_logits, lse = torch.empty((2, s_q, h_q), dtype=torch.float32,
                                       device=q.device).unbind(0)
-    out, max_logits, lse, _ = _allocate(q, d_v, out, max_logits, lse)
+        if out is None:
+            out = torch.empty((s_q, h_q, d_v), dtype=torch.bfloat16, device=q.device)
+    elif out is None or max_logits is None or lse is None:
+        out, max_logits, lse, _ = _allocate(q, d_v, out, max_logits, lse)
     grid, runtime = _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
                                        topk_length, out, max_logits, lse, topk_length_errors)
     flags = (topk_length is not None, attn_sink is not None, topk_length_errors is not None)
     device = q.get_device()
     if warp_specialized(q, real=True):
-        _sparse_mla_gluon.launch_eager(grid, runtime, d_qk, *flags, device)
+        _sparse_mla_sm90.launch_eager(grid, runtime, d_qk, *flags, device)
     else:
         t = TUNING
         _LAUNCHER(grid, (*runtime, d_qk, *flags, contract.HEAD_BLOCK, t["block_n"]),

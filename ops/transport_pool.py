@@ -374,20 +374,23 @@ def _launches(kernel, pool, src_bytes, src_nbytes, lease, state, max_inflight_sl
     size = hint(src_nbytes)
     if two_launches is None:
         two_launches = size > TUNING["two_launches_above"]
-    unknown = set(tuning) - set(TUNING["two_launches"])
-    if unknown:
-        raise TypeError(f"unknown tuning keys {sorted(unknown)}")
     if not two_launches:
         defaults = TUNING["one_launch"]
     elif size > TUNING["large_above"]:
         defaults = {**TUNING["two_launches"], **TUNING["large"]}
     else:
         defaults = TUNING["two_launches"]
-    tuning = {**defaults, **tuning}
+    if tuning:  # the eager path gives none: no sets, no merged dict per call
+        unknown = set(tuning) - set(TUNING["two_launches"])
+        if unknown:
+            raise TypeError(f"unknown tuning keys {sorted(unknown)}")
+        tuning = {**defaults, **tuning}
+    else:
+        tuning = defaults
     block = tuning["block_bytes"]
     assert block >= 16 and block & (block - 1) == 0, block  # whole 16-byte vectors per block
     pdl = two_launches and _pdl_launch(kernel, pool, tuning.get("pdl", False))
-    lease_args = (0,) * LEASE_WORDS if values is None else tuple(values)
+    lease_args = (0,) * LEASE_WORDS if values is None else values
     # Every constexpr, PDL=False included: Inductor's analysis of a wrapped kernel's mutations
     # takes no default. PTX: the inline-PTX flag store, for the JIT kernel only. SYSTEM: the
     # flag's release at system scope.

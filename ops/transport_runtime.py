@@ -540,6 +540,10 @@ class TransportConsumer:
     :mod:`._transport_faults`) and the next call of this consumer (or :meth:`synchronize`)
     raises ``TimeoutError`` naming the lease. The bytes the stream read after an aborted wait
     are not the lease's: work enqueued before the error was raised must be discarded.
+    The bound needs the process's kernels that follow a wait to be loaded before it: with
+    CUDA's lazy loading a kernel's first launch waits for the device, and behind a wait that
+    is never published every CUDA call of the process, the watchdog's too, then blocks
+    (``docs/reliability.md``; ``CUDA_MODULE_LOADING=EAGER`` loads them all up front).
 
     Parameters
     ----------
@@ -637,15 +641,15 @@ class TransportConsumer:
         seconds (default: the consumer's ``wait_timeout``; ``math.inf``: no bound). Raises
         ``TimeoutError`` for an earlier wait that was aborted."""
         lease = self._checked(lease)
+        timeout = self.wait_timeout if timeout is None else timeout
+        if not math.isinf(timeout) and self._watchdog is None:  # before the wait blocks
+            self._watchdog = WaitWatchdog(_control_words(
+                self.pool, self.max_inflight_slices, self.consumer_count).view(-1),
+                self.name, self.registry)
         stream = torch.cuda.current_stream(self.pool.device)
         _cuda_stream.wait_value32(stream, self.base_address + lease.ready_byte_offset,
                                   lease.generation, _cuda_stream.WAIT_VALUE_GEQ)
-        timeout = self.wait_timeout if timeout is None else timeout
         if not math.isinf(timeout):
-            if self._watchdog is None:
-                self._watchdog = WaitWatchdog(_control_words(
-                    self.pool, self.max_inflight_slices, self.consumer_count).view(-1),
-                    self.name, self.registry)
             self._watchdog.arm(lease, timeout)
 
     def view(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:

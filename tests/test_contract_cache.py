@@ -213,3 +213,51 @@ def test_unhashable_or_odd_arguments_are_validated_in_full():
         validation(torch.eye(3, dtype=torch.float64).to_sparse())
     validation(torch.eye(3).to_sparse())
     assert len(validation.passed) == 2  # the layout keeps them apart
+
+
+class _Unread:
+    """An argument a predicate must not read: any use but ``is None`` raises."""
+
+    def __getattribute__(self, name):
+        raise AssertionError(f"read .{name}")
+
+    def _refuse(self, *_):
+        raise AssertionError("used")
+
+    __bool__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _refuse
+    __len__ = __iter__ = __index__ = __int__ = __float__ = _refuse
+    __add__ = __radd__ = __sub__ = __mul__ = __and__ = __or__ = __getitem__ = _refuse
+
+
+@pytest.mark.parametrize("op", CACHED_OPS)
+def test_only_with_rows_hold_without_their_arguments(op):
+    """A row's ``only_with`` claim: with those arguments None it is True whatever the others
+    are, so it reads none of them (each is a stand-in that refuses any use)."""
+    module = strategies.MODULES[op].contract
+    rows = [c for c in module.CONTRACT.checks if c.only_with]
+    for c in rows:
+        args = {n: None if n in c.only_with else _Unread() for n in module.ARGUMENTS}
+        assert c.ok(SimpleNamespace(**args)) is True, c.rule
+    if op == "sparse_mla_q8kv8_prefill_fwd":
+        assert {c.rule for c in rows} == {"topk_length_values", "buffers_alias",
+                                           "topk_length_errors_alias"}
+
+
+def test_only_with_rows_run_only_where_their_arguments_are_given():
+    fails = Contract(op="strictops::toy", stem="toy", checks=(
+        Check("y_small", lambda a: a.y is None or bool((a.y < 3).all()),
+              lambda **_: "y must be < 3", reads_values=True, only_with=("y",)),
+        Check("always", lambda a: bool((a.x >= 0).all()), lambda **_: "x must be nonnegative",
+              reads_values=True),))
+    validation = CachedValidation(fails, ("x", "y"))
+    x, y = torch.ones(4), torch.ones(4)
+    validation(x, None)
+    validation(x, y)
+    assert [[c.rule for c in rows] for rows in validation.passed.values()] == [
+        ["always"], ["y_small", "always"]]
+    with pytest.raises(ValueError, match="y must be < 3"):
+        validation(x, y + 5)  # the row runs on a hit where y is given
+    with pytest.raises(ValueError, match="x must be nonnegative"):
+        validation(-x, None)
+    with pytest.raises(TypeError, match="only_with names"):
+        CachedValidation(fails, ("x", "z"))

@@ -5,7 +5,8 @@ Two checks: its specialisation key is at least as fine as ``JITFunction``'s own 
 a recording stand-in for the CUDA driver (the kernels are really compiled for sm_90), a cached
 launch passes the C launcher exactly what ``JITFunction.run`` passes, and a call of another
 specialisation compiles its own kernel; likewise each op's eager launch (the Gluon sparse MLA
-kernel, the mamba scatter, the transport publish) against its ``kernel[grid]`` launch.
+kernel, the mamba scatter, the transport publish) against its ``kernel[grid]`` launch, and
+sparse MLA's eager path launches into exactly the outputs it returns.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def _random_args(rng: random.Random, storage: torch.Tensor):
 def _int_key(value: int):
     """The key of an int argument (``n`` of the probe kernel)."""
     launcher = Launcher(_probe_kernel)
-    return launcher.arguments([None, None, None, value, 5, 7, 0.5, True, 16, False])[0][3]
+    return launcher.arguments([None, None, None, value, 5, 7, 0.5, True, 16, False])[0][10:12]
 
 
 def test_int_key_matches_triton_boundaries():
@@ -283,12 +284,15 @@ def _eager_and_jit(launch_eager, launch_jit):
         assert cached[13:] == _as_launched(reference[13:])
 
 
-def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch):
+@pytest.mark.parametrize("sm90_kernel", ["block_pair", "shared_s"])
+def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch, sm90_kernel):
     from strictops.ops import sparse_mla_prefill as sparse
-    ws = sparse._sparse_mla_gluon
+    ws = sparse._sparse_mla_sm90
     if ws is None:
         pytest.skip("this Triton has no Gluon")
-    monkeypatch.setattr(ws, "_LAUNCHER", Launcher(ws.sparse_mla_ws_kernel))
+    monkeypatch.setattr(ws, "KERNEL", sm90_kernel)
+    monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
+                                           for name, launcher in ws._LAUNCHERS.items()})
     q = torch.zeros(2, 64, 576, dtype=torch.float8_e4m3fn)
     kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
     indices = torch.zeros(2, 1, 128, dtype=torch.int32)
@@ -298,6 +302,41 @@ def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch):
     grid, runtime = sparse._runtime_arguments(*call)
     _eager_and_jit(lambda: ws.launch_eager(grid, runtime, 576, True, False, False, 0),
                    lambda: ws.launch(*call))
+
+
+@pytest.mark.parametrize("given", ["", "out", "max_logits", "lse", "out,max_logits,lse"])
+def test_sparse_mla_eager_allocates_and_launches_its_outputs(recording_driver, monkeypatch,
+                                                            given):
+    """The eager path's outputs: the buffers given, the rest allocated (``max_logits`` and
+    ``lse``, when both are missing, as the halves of one allocation), each the one the launch
+    writes. The contract is stood in for (its own tests cover it; these are CPU tensors)."""
+    from strictops.ops import sparse_mla_prefill as sparse
+    ws = sparse._sparse_mla_sm90
+    if ws is None:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(sparse, "_VALIDATION", lambda *args: None)
+    monkeypatch.setattr(sparse, "_is_sm90", lambda index: True)
+    monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
+                                           for name, launcher in ws._LAUNCHERS.items()})
+    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)  # a CPU "device"
+    q = torch.zeros(3, 64, 576, dtype=torch.float8_e4m3fn)
+    kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
+    indices, scale = torch.zeros(3, 1, 128, dtype=torch.int32), torch.ones(1)
+    buffers = {"out": torch.zeros(3, 64, 512, dtype=torch.bfloat16),
+               "max_logits": torch.zeros(3, 64), "lse": torch.zeros(3, 64)}
+    passed = {name: buffers[name] if name in given.split(",") else None for name in buffers}
+    for _ in range(2):  # the first launch of its key through JITFunction.run, then cached
+        outputs = sparse._eager(q, kv, indices, 0.04, scale, scale, 512, None, None,
+                                passed["out"], passed["max_logits"], passed["lse"], None)
+    launched = _RecordingLauncher.calls[-1][13 + 8:13 + 11]  # the out, max_logits, lse params
+    assert launched == tuple(t.data_ptr() for t in outputs)
+    for name, t, shape, dtype in zip(buffers, outputs, ((3, 64, 512), (3, 64), (3, 64)),
+                                     (torch.bfloat16, torch.float32, torch.float32)):
+        assert t is passed[name] if passed[name] is not None else (
+            t.shape == shape and t.dtype == dtype and t.is_contiguous())
+    ml, lse = outputs[1:]
+    assert (ml.untyped_storage().data_ptr() == lse.untyped_storage().data_ptr()) == (
+        passed["max_logits"] is None and passed["lse"] is None)
 
 
 def test_mamba_scatter_eager_launch(recording_driver, monkeypatch):
@@ -403,7 +442,7 @@ def test_gpu_mamba_scatter_misaligned_dst_view():
         expected = mss.reference(dst, src, slots, steps)
         fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
         assert torch.equal(dst, expected), offset
-    aligned = {key[-1][0][1] for key in mss._LAUNCHER.prepared}  # dst's alignment bit
+    aligned = {key[5] for key in mss._LAUNCHER.prepared}  # dst's alignment: after 4 + dtype
     assert {True, False} <= aligned
 
 

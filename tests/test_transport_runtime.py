@@ -491,13 +491,18 @@ def test_the_recycler_thread_relaxes_its_capture_mode_before_its_first_pass(monk
 
 
 def test_the_watchdog_thread_relaxes_its_capture_mode(monkeypatch):
+    """The watchdog's thread relaxes its capture mode; its stream is made by the thread that
+    makes the watchdog (the one that arms its waits), not by the watchdog's thread: on the H200
+    a stream made while a watched wait blocked the consumer's stream waited for that stream."""
     events = _relaxed_first(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "Stream",
+                        lambda device: events.append(("stream", threading.get_ident())))
     words = types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
     dog = faults.WaitWatchdog(words, "CUDA IPC")
     thread = threading.Thread(target=dog._run)  # nothing armed: relaxes, then ends
     thread.start()
     thread.join(10)
-    assert events == [("relax", thread.ident)]
+    assert events == [("stream", threading.get_ident()), ("relax", thread.ident)]
 
 
 def test_default_timeout(monkeypatch):
