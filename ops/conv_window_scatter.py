@@ -83,10 +83,6 @@ def written_later(slot, first, n, dst_idx_ptr, step_idx_ptr, src_idx_ptr, dst_id
     return tl.max(later, axis=0) > 0
 
 
-# Elements per step of copy_window's int64 path.
-SLOW_PIECE: tl.constexpr = tl.constexpr(128)
-
-
 @triton.jit
 def layers_by_elements(layer0, N: tl.constexpr, LAYERS: tl.constexpr, RUN: tl.constexpr):
     """The layer and element index of ``LAYERS`` x ``N`` lanes, in the shape that decides the
@@ -168,7 +164,9 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
             mask = (layer < num_layers) & (i < left)
             tl.store(dst_ptr + entry_off + layer_off + i, tl.load(window, mask=mask), mask=mask)
     else:
-        # In pieces of SLOW_PIECE elements: int64 decoding holds many registers per element.
+        # In pieces of 128 elements: int64 decoding holds many registers per element. (A
+        # local constexpr: a global one is compared on every eager launch.)
+        SLOW_PIECE: tl.constexpr = 128
         piece_layer, j = layers_by_elements(layer0, SLOW_PIECE, LAYERS, 1)
         k64 = tl.maximum(tl.cast(km1, tl.uint64), 1)
         magic64 = ((1 << 63) - 1) // k64 + 1
@@ -262,7 +260,7 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
         dst, src, dst_indices_raw, step_indices_raw, src_idx,
         n_requests, chunks, shape[0], shape[1], src_shape[1], src_shape[2], shape[2], shape[3],
         dst_strides[0], dst_strides[1], s[0], s[1], s[2], s[3], s[4],
-        dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
+        dst_indices_raw.stride()[0], step_indices_raw.stride()[0], src_idx.stride()[0],
         src_indices_raw is not None, block, layers, run_elements(dst.element_size(), run_bytes),
         i32_reach, SCAN,
     )
