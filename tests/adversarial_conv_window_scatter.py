@@ -13,7 +13,9 @@ with a partial last run, K-1 of 1, 3 and 6 (runs starting and ending inside a wi
 1-, 2- and 4-byte elements, more requests than one step of the duplicate-slot scan, no
 requests, a ``dst`` whose slot stride skips entries, and the multi-pair op with eight pairs of
 mixed shapes. The kernel's other tunings (layers per program, load layouts, the int64 path)
-run on two of those shapes. Every call must leave every ``dst`` equal to the reference.
+run on the bf16 conv shape. Every call must leave every ``dst`` equal to the reference. Each
+part prints when it is done, so that a run cut short by a time limit still shows how far it
+got without a sanitizer error.
 """
 
 import torch
@@ -112,7 +114,7 @@ TUNINGS = [{"layers": 1}, {"run_bytes": 8}, {"run_bytes": 4}, {"run_bytes": 0},
 
 def _tunings(gen) -> int:
     cases = 0
-    for dim, km1, dtype, n in [(2048, 3, torch.bfloat16, 40), (333, 6, torch.float32, 40)]:
+    for dim, km1, dtype, n in [(2048, 3, torch.bfloat16, 40)]:
         L, cache, spec, draft = 3, 9, n, 3
         src = _window(gen, L, spec, draft, dim, km1, dtype)
         whole = torch.randn(L, 2 * cache, dim, km1, device="cuda", generator=gen).to(dtype)
@@ -147,8 +149,12 @@ def _eight_pairs(gen) -> int:
 
 def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    cases = _rotations(gen) + _variants(gen) + _tunings(gen) + _eight_pairs(gen)
-    torch.cuda.synchronize()
+    cases = 0
+    for part in (_rotations, _tunings, _variants, _eight_pairs):
+        cases += part(gen)
+        torch.cuda.synchronize()
+        print(f"adversarial_conv_window_scatter: {part.__name__[1:]} done, {cases} calls so far",
+              flush=True)
     print(f"adversarial_conv_window_scatter: {cases} calls, all equal to the reference")
 
 
