@@ -83,29 +83,32 @@ def written_later(slot, first, n, dst_idx_ptr, step_idx_ptr, src_idx_ptr, dst_id
     return tl.max(later, axis=0) > 0
 
 
-# Elements per step of copy_window's int64 path.
-SLOW_PIECE: tl.constexpr = tl.constexpr(128)
-
-
 @triton.jit
-def layers_by_elements(layer0, N: tl.constexpr, LAYERS: tl.constexpr, EXCHANGE: tl.constexpr):
-    """The layer and element index of ``LAYERS`` x ``N`` lanes: a ``[LAYERS, N]`` tile
-    (``EXCHANGE``: Triton gives the gathering load a layout of its own, consecutive elements
-    in consecutive lanes, and the store's 8-element vectors reach the threads through shared
-    memory) or one flat ``[LAYERS * N]`` run, layer-major (the load takes the store's
-    layout: 8 consecutive elements a thread, no exchange)."""
-    if EXCHANGE:
+def layers_by_elements(layer0, N: tl.constexpr, LAYERS: tl.constexpr, RUN: tl.constexpr):
+    """The layer and element index of ``LAYERS`` x ``N`` lanes, in the shape that decides the
+    layout of the gathering loads (Triton gives a load the layout of the store it feeds when
+    their shapes and orders agree, else one of its own):
+
+    * ``RUN > 0``: one flat ``[LAYERS * N]`` run, layer-major, whose element index Triton
+      sees contiguous in groups of ``RUN`` (the values are ``f % N`` either way): each thread
+      loads and stores ``RUN`` consecutive elements (a ``RUN``-element vector store), no
+      exchange. A smaller ``RUN`` puts a warp's load on fewer cache lines.
+    * ``RUN == 0``: a ``[LAYERS, N]`` tile: the load's pointer has no contiguity on either
+      axis, Triton gives it consecutive elements in consecutive lanes, and the values reach
+      the store's vectors through shared memory.
+    """
+    if RUN == 0:
         return layer0 + tl.arange(0, LAYERS)[:, None], tl.arange(0, N)[None, :]
     else:
         f = tl.arange(0, LAYERS * N)
-        return layer0 + f // N, f % N
+        return layer0 + f // N, (f // RUN * RUN) % N + f % RUN
 
 
 @triton.jit
 def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, dim, km1,
                 dst_layer_stride, dst_slot_stride, src_layer_stride, src_row_stride,
                 src_step_stride, src_dim_stride, src_win_stride,
-                BLOCK: tl.constexpr, LAYERS: tl.constexpr, EXCHANGE: tl.constexpr,
+                BLOCK: tl.constexpr, LAYERS: tl.constexpr, RUN: tl.constexpr,
                 I32_REACH: tl.constexpr):
     """``dst[l, slot].flatten()[e] = src[l, row, step, e // km1, e % km1]`` for the layers
     ``l`` in ``[layer0, layer0 + LAYERS)`` below ``num_layers`` and the ``BLOCK`` flat entry
@@ -115,7 +118,7 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
     dst_ptr: ``[num_layers, *, dim, km1]`` through its layer and slot strides, entry
     contiguous: the stores are contiguous runs of ``BLOCK`` elements (16-byte vectors where
     aligned). src_ptr: ``[num_layers, *, *, dim, km1]`` through its five strides (overlapping
-    windows). ``EXCHANGE``: how loads reach the stores' layout (``layers_by_elements``).
+    windows). ``RUN``: the loads' layout (``layers_by_elements``).
 
     ``km1`` is a runtime value (never a constexpr: a size would be specialised), so ``e`` is
     decoded without a division, once for all ``LAYERS`` layers: ``e // km1 = umulhi(2e,
@@ -128,11 +131,12 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
     e0 = chunk * BLOCK
     src = src_ptr + row * src_row_stride + step * src_step_stride
     dst = dst_ptr + slot * dst_slot_stride + e0
+    VEC: tl.constexpr = 128 // dst_ptr.dtype.element_ty.primitive_bitwidth  # 16-byte vectors
     # Element e0 + i lies less than BLOCK rows and km1 columns past the run's first row.
     reach = (BLOCK * tl.cast(src_dim_stride, tl.int64)
              + tl.cast(km1, tl.int64) * src_win_stride)
     if (n * km1 < I32_REACH) & (reach < I32_REACH):
-        layer, i = layers_by_elements(layer0, BLOCK, LAYERS, EXCHANGE)
+        layer, i = layers_by_elements(layer0, BLOCK, LAYERS, RUN)
         k = tl.maximum(tl.cast(km1, tl.int32), 1)  # km1 = 0: an empty entry, nothing copied
         magic = ((1 << 31) - 1) // tl.cast(k, tl.uint32) + 1
         first = tl.cast(e0, tl.int32)
@@ -141,13 +145,29 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
         q = tl.umulhi(tl.cast(t * 2, tl.uint32), magic).to(tl.int32)
         off = q * tl.cast(src_dim_stride, tl.int32) + (t - q * k) * tl.cast(src_win_stride,
                                                                              tl.int32)
-        mask = (layer < num_layers) & (i < n - e0)
-        src += d0.to(tl.int64) * src_dim_stride
-        tl.store(dst + layer * dst_layer_stride + i,
-                 tl.load(src + layer * src_layer_stride + off, mask=mask), mask=mask)
+        window = src + d0.to(tl.int64) * src_dim_stride + layer * src_layer_stride + off
+        entry_off = slot * dst_slot_stride + e0
+        layer_off = layer * dst_layer_stride
+        left = n - e0
+        if (entry_off % VEC == 0) & (dst_layer_stride % VEC == 0) & (left % VEC == 0):
+            # What Triton's integer specialisation tells it when the sizes are concrete
+            # (eager calls); under Inductor's symbolic sizes only this runtime test does.
+            mask = (layer < num_layers) & (i < tl.multiple_of(left, VEC))
+            if RUN == 0:  # hinted as a vector: the hint takes no [LAYERS, 1] tile
+                layer_off = tl.multiple_of((layer0 + tl.arange(0, LAYERS)) * dst_layer_stride,
+                                           VEC)[:, None]
+            else:
+                layer_off = tl.multiple_of(layer_off, VEC)
+            tl.store(dst_ptr + tl.multiple_of(entry_off, VEC) + layer_off + i,
+                     tl.load(window, mask=mask), mask=mask)
+        else:
+            mask = (layer < num_layers) & (i < left)
+            tl.store(dst_ptr + entry_off + layer_off + i, tl.load(window, mask=mask), mask=mask)
     else:
-        # In pieces of SLOW_PIECE elements: int64 decoding holds many registers per element.
-        piece_layer, j = layers_by_elements(layer0, SLOW_PIECE, LAYERS, False)
+        # In pieces of 128 elements: int64 decoding holds many registers per element. (A
+        # local constexpr: a global one is compared on every eager launch.)
+        SLOW_PIECE: tl.constexpr = 128
+        piece_layer, j = layers_by_elements(layer0, SLOW_PIECE, LAYERS, 1)
         k64 = tl.maximum(tl.cast(km1, tl.uint64), 1)
         magic64 = ((1 << 63) - 1) // k64 + 1
         for p in tl.range(0, BLOCK, SLOW_PIECE, num_stages=1):
@@ -168,7 +188,7 @@ def _scatter_kernel(
     src_layer_stride, src_row_stride, src_step_stride, src_dim_stride, src_win_stride,
     dst_idx_stride, step_idx_stride, src_idx_stride,
     HAS_SRC_INDICES: tl.constexpr, BLOCK: tl.constexpr, LAYERS: tl.constexpr,
-    EXCHANGE: tl.constexpr, I32_REACH: tl.constexpr, SCAN: tl.constexpr,
+    RUN: tl.constexpr, I32_REACH: tl.constexpr, SCAN: tl.constexpr,
 ):
     """Copy ``BLOCK`` elements of one request's conv window in ``LAYERS`` layers.
 
@@ -197,15 +217,16 @@ def _scatter_kernel(
     if valid and not later:
         copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, dim, km1,
                     dst_layer_stride, dst_slot_stride, src_layer_stride, src_row_stride,
-                    src_step_stride, src_dim_stride, src_win_stride, BLOCK, LAYERS, EXCHANGE,
+                    src_step_stride, src_dim_stride, src_win_stride, BLOCK, LAYERS, RUN,
                     I32_REACH)
 
 
 # Tuning, swept by benchmarks/bench_conv_window_scatter.py: bytes of one program's run of an
-# entry, layers per program (the run's decoding and the request's index loads are shared by
-# them) and warps per program. Registers and measurements:
-# docs/design/conv_window_scatter.md#kernel-shape.
-TUNING = {"block_bytes": 2048, "layers": 4, "exchange": False, "num_warps": 4}
+# entry, layers per program (the run's decoding and the request's index loads and scan are
+# shared by them), bytes each thread loads and stores contiguously (16: 16-byte vector stores;
+# 0: loads through the shared-memory exchange) and warps per program. Registers, instruction
+# counts and measurements: docs/design/conv_window_scatter.md#kernel-shape.
+TUNING = {"block_bytes": 2048, "layers": 4, "run_bytes": 16, "num_warps": 4}
 # Requests compared per step of the duplicate-slot scan.
 SCAN = 128
 # The bound of copy_window's int32 path (e * km1 and the offsets within one run); the tests
@@ -218,9 +239,15 @@ def block_elements(element_size: int, block_bytes: int) -> int:
     return max(block_bytes // element_size, 16)
 
 
+def run_elements(element_size: int, run_bytes: int) -> int:
+    """Elements a thread loads and stores contiguously (``RUN``): ``run_bytes`` of them, at
+    least one; 0 (the shared-memory exchange) for ``run_bytes = 0``."""
+    return max(run_bytes // element_size, 1) if run_bytes else 0
+
+
 def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
                block_bytes=TUNING["block_bytes"], layers=TUNING["layers"],
-               exchange=TUNING["exchange"], i32_reach=I32_REACH):
+               run_bytes=TUNING["run_bytes"], i32_reach=I32_REACH):
     """The grid and every kernel parameter, in signature order, of a call on validated inputs
     (on the eager hot path: each piece of metadata read once)."""
     shape, dst_strides, src_shape, s = dst.shape, dst.stride(), src.shape, src.stride()
@@ -233,17 +260,18 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
         dst, src, dst_indices_raw, step_indices_raw, src_idx,
         n_requests, chunks, shape[0], shape[1], src_shape[1], src_shape[2], shape[2], shape[3],
         dst_strides[0], dst_strides[1], s[0], s[1], s[2], s[3], s[4],
-        dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
-        src_indices_raw is not None, block, layers, exchange, i32_reach, SCAN,
+        dst_indices_raw.stride()[0], step_indices_raw.stride()[0], src_idx.stride()[0],
+        src_indices_raw is not None, block, layers, run_elements(dst.element_size(), run_bytes),
+        i32_reach, SCAN,
     )
 
 
 def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
             block_bytes=TUNING["block_bytes"], layers=TUNING["layers"],
-            exchange=TUNING["exchange"], num_warps=TUNING["num_warps"], i32_reach=I32_REACH):
+            run_bytes=TUNING["run_bytes"], num_warps=TUNING["num_warps"], i32_reach=I32_REACH):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     grid, args = _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-                            block_bytes, layers, exchange, i32_reach)
+                            block_bytes, layers, run_bytes, i32_reach)
     runtime, constexprs = keyword_constexprs(_scatter_kernel, args)
     kernel[grid](*runtime, **constexprs, num_warps=num_warps)
 

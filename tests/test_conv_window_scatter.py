@@ -265,6 +265,22 @@ def sglang_shapes_inputs(seed: int, layers=4, cache=64, spec=16, draft=4, dim=20
 
 
 @gpu
+@pytest.mark.parametrize("tuning", [{"layers": 1}, {"layers": 2}, {"run_bytes": 8},
+                                    {"run_bytes": 4}, {"run_bytes": 0},
+                                    {"block_bytes": 4096, "num_warps": 8}, {"i32_reach": 0}])
+@pytest.mark.parametrize("dtype,dim,km1", [(torch.bfloat16, 2048, 3), (torch.float16, 77, 5),
+                                           (torch.int8, 300, 1)])
+def test_gpu_every_tuning_equals_reference(tuning, dtype, dim, km1):
+    """The kernel's other tunings, on entries whose runs are aligned (vector stores) or not,
+    with rejected and out-of-range requests, src rows given."""
+    dst, src, slots, steps, rows = sglang_shapes_inputs(7, dim=dim, km1=km1, dtype=dtype,
+                                                        src_indices=True)
+    expected = op.reference(dst, src, slots, steps, rows)
+    op._launch(op._scatter_kernel, dst, src, slots, steps, rows, **tuning)
+    assert torch.equal(dst, expected)
+
+
+@gpu
 @pytest.mark.parametrize("src_indices", [False, True])
 @pytest.mark.parametrize("dtype,dim,km1", [(torch.bfloat16, 2048, 3), (torch.float32, 300, 1),
                                            (torch.float16, 77, 5)])
