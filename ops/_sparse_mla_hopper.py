@@ -92,8 +92,9 @@ D_V = 512
 # 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V with
 # ldmatrix.trans / stmatrix (``vt_ldsm``: 671 TFLOPS, the blocked transpose 401, the producer's
 # 560; 128 columns a load 646); setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
-# ``tr_early`` / ``q_async``: schedules not yet measured. Every knob and its measurement:
-# docs/design/sparse_mla_prefill.md#measurements
+# ``tr_early`` + ``q_async`` at 232/40 and ``persistent`` measured correct and 4-11% faster; not
+# the default before the GPU test suite has run with them. Every knob and its measurement:
+# docs/design/sparse_mla_prefill.md#variants-measured-and-not-yet-the-default
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
           "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": False,
           "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}

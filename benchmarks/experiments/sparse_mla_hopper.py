@@ -109,9 +109,8 @@ VARIANTS = {
     "new_prod_tr_vt3_r216": {"tr_cons": False, "num_vt": 3, "consumer_regs": 216,
                              "producer_regs": 72},
 }
-DEFAULT = ["old", "cutlass", "new", "new_blocked", "new_r232", "new_early", "new_r232_early",
-           "new_vt3_early_r232", "new_qasync", "new_r232_early_qasync", "new_persistent",
-           "new_persistent_r232", "new_persistent_r232_early", "new_no_vt_store"]
+DEFAULT = ["old", "cutlass", "new", "new_r232_early_qasync", "new_vt3_early_r232",
+           "new_persistent", "new_persistent_r232", "new_persistent_r232_early"]
 
 
 def _ablated(name: str):
