@@ -4,8 +4,8 @@ On an H200 (the default variants; about 100 s when the original is already built
 
     python benchmarks/experiments/sparse_mla_hopper.py --out $OUT
 
-Variants (``--kernels``; ``VARIANTS``, the default set in ``DEFAULT``): ``old``
-(``strictops.ops._sparse_mla_gluon``, the op's default), ``cutlass`` (sglang's original, where
+Variants (``--kernels``; ``VARIANTS``, the default set in ``DEFAULT``): ``old`` (the shared-S
+kernel of ``strictops.ops._sparse_mla_gluon``), ``cutlass`` (sglang's original, where
 ``.anchor`` has it built), ``new`` (``strictops.ops._sparse_mla_hopper`` with its ``TUNING``:
 the consumers transpose V with ``ldmatrix.trans`` / ``stmatrix``, 64 columns a load),
 ``new_blocked`` (the same with the transpose through a blocked layout: ``LDSM`` + ``PRMT`` +
