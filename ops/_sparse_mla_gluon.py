@@ -430,3 +430,8 @@ def launch(*args, **tuning):
     """:func:`launch_kernel` of this module's kernel; ``args`` as for
     ``strictops_kernels::sparse_mla_ws_launch``, ``tuning`` overrides entries of ``TUNING``."""
     return launch_kernel(sparse_mla_ws_kernel, constexprs, TUNING, *args, **tuning)
+
+
+def programs_and_extra(tiles: int, device: int, **tuning) -> tuple[int, dict]:
+    """One CTA per tile (token and 64 heads); no runtime parameter past the 15 shared ones."""
+    return tiles, {}

@@ -665,12 +665,20 @@ def launch(*args, **tuning):
     ``TUNING``. One CTA per tile (token and 64 heads), or with ``persistent`` one per SM at
     most. Returns the compiled kernel."""
     q = args[0]
-    tiles = q.shape[0] * (q.shape[1] // BLOCK_H)
-    programs = tiles
-    if tuned(TUNING, tuning)["persistent"]:
-        programs = min(tiles, sm_count(q.device.index))
+    programs, extra = programs_and_extra(q.shape[0] * (q.shape[1] // BLOCK_H), q.device.index,
+                                         **tuning)
     return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args,
-                         programs=programs, extra={"n_tiles": tiles}, **tuning)
+                         programs=programs, extra=extra, **tuning)
+
+
+def programs_and_extra(tiles: int, device: int, **tuning) -> tuple[int, dict]:
+    """The CTAs to launch for ``tiles`` tiles (tokens x head blocks) on CUDA device
+    ``device``, and the runtime parameters the kernel takes after the 15 both Gluon kernels
+    share (by name, in order)."""
+    programs = tiles
+    if tuning.get("persistent", TUNING["persistent"]):
+        programs = min(tiles, sm_count(device))
+    return programs, {"n_tiles": tiles}
 
 
 @functools.cache
