@@ -33,11 +33,10 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import mamba_state_scatter as contract
-from strictops.meta._contract import CachedValidation
 
-from ._dispatch import can_skip_dispatcher, on_device_of
+from ._dispatch import can_skip_dispatcher
 from ._interpret import interpreted
-from ._launcher import Launcher, keyword_constexprs
+from ._kernel_path import KernelPath
 
 # The public function. ``reference``, ``unfused_torch``, ``launch_interpreted`` and
 # ``example_inputs`` are for tests, benchmarks and the self-check: importable by name, not
@@ -152,33 +151,13 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
     )
 
 
-def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-            block_bytes=TUNING["block_bytes"], num_warps=TUNING["num_warps"]):
-    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
-    grid, args = _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-                            block_bytes)
-    runtime, constexprs = keyword_constexprs(_scatter_kernel, args)
-    kernel[grid](*runtime, **constexprs, num_warps=num_warps)
-
-
-def _forward(kernel, real_launch, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
-    """Validate, then launch (on ``dst``'s device when the launch is real)."""
-    contract.validate(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
-    with on_device_of(dst, real_launch):
-        _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
-
-
-# The eager path: the contract's verdict cached per metadata signature, the kernel launched
-# through its cached launcher (strictops.ops._launcher); the same rules and the same launch.
-_VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
-_LAUNCHER = Launcher(_scatter_kernel)
-_OPTIONS = (("num_warps", TUNING["num_warps"]),)
-
-
-def _eager(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
-    _VALIDATION(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
-    grid, args = _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
-    _LAUNCHER(grid, args, _OPTIONS, dst.get_device())
+# The launch paths (strictops.ops._kernel_path): the op's body (also its fake) validates in
+# full and launches through ``kernel[grid]``; a plain eager call takes the contract's cached
+# verdict and the cached launcher (strictops.ops._launcher); the same rules and the same launch.
+_PATH = KernelPath(_scatter_kernel, contract.CONTRACT, contract.ARGUMENTS, _arguments,
+                   TUNING["num_warps"])
+_launch, _forward, _eager = _PATH.launch, _PATH.forward, _PATH.eager
+_VALIDATION, _LAUNCHER, _OPTIONS = _PATH.validation, _PATH.launcher, _PATH.options
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)

@@ -1,0 +1,65 @@
+"""The three launch paths of an op whose body validates its arguments and launches one Triton
+kernel on them (the Mamba state scatter, the conv-window scatter).
+
+- :func:`KernelPath.launch`: ``kernel[grid]`` with a JIT, wrapped (traced) or interpreted
+  kernel, the grid and arguments from the op's ``arguments`` function, tuning passed to it;
+- :func:`KernelPath.forward`: the contract in full, then that launch (on the first tensor's
+  device when the launch is real): the op's body, also its fake;
+- :func:`KernelPath.eager`: a plain eager call's path, the contract's verdict cached per
+  metadata signature and the launch through the cached launcher, with the same rules and the
+  same launch (docs/design/eager_host_cost.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from strictops.meta._contract import CachedValidation, Contract
+
+from ._dispatch import on_device_of
+from ._launcher import Launcher, keyword_constexprs
+
+__all__ = ["KernelPath"]
+
+
+class KernelPath:
+    """The launch paths of ``jit_fn`` for an op with ``contract`` (its arguments named
+    ``names``, the first one a tensor on the launch device): ``arguments(*op_args, **tuning)``
+    returns the grid and every kernel parameter in signature order, on validated inputs."""
+
+    def __init__(self, jit_fn, contract: Contract, names: tuple[str, ...],
+                 arguments: Callable, num_warps: int) -> None:
+        self.jit_fn = jit_fn
+        self.contract = contract
+        self.arguments = arguments
+        self.num_warps = num_warps
+        self.validation = CachedValidation(contract, names)
+        self.launcher = Launcher(jit_fn)
+        self.options = (("num_warps", num_warps),)
+        self.eager = self._eager_function()
+
+    def launch(self, kernel, *args, num_warps: int | None = None, **tuning) -> None:
+        """Launch ``kernel`` (``jit_fn`` itself, wrapped or interpreted) on validated ``args``."""
+        grid, parameters = self.arguments(*args, **tuning)
+        runtime, constexprs = keyword_constexprs(self.jit_fn, parameters)
+        kernel[grid](*runtime, **constexprs,
+                     num_warps=self.num_warps if num_warps is None else num_warps)
+
+    def forward(self, kernel, real_launch: bool, *args) -> None:
+        """Validate in full, then launch (on ``args[0]``'s device when the launch is real)."""
+        self.contract.validate(**dict(zip(self.validation.names, args)))
+        with on_device_of(args[0], real_launch):
+            self.launch(kernel, *args)
+
+    def _eager_function(self):
+        # A closure: the hot path reads no attribute of ``self``.
+        validation, arguments, launcher, options = (self.validation, self.arguments,
+                                                    self.launcher, self.options)
+
+        def eager(*args) -> None:
+            """The plain eager call: the cached verdict, then the cached launch."""
+            validation(*args)
+            grid, parameters = arguments(*args)
+            launcher(grid, parameters, options, args[0].get_device())
+
+        return eager
