@@ -14,7 +14,9 @@ them every barrier phase, run on across its tiles; the producer gathers the next
 the consumers finish the last one).
 Q is copied into shared memory before the fork (through registers), or with ``Q_ASYNC`` by the
 consumers after it (``cp.async``, half the heads each, published by ``q_bar``), so that the
-producer starts gathering at once.
+producer starts gathering at once. With ``PERSISTENT`` the producer copies each tile's Q
+(``cp.async``) after the tile's first block, as soon as the consumers' last Q·Kᵀ of the tile
+before has completed, so that it lands while they finish that tile.
 Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with the defaults):
 
 - the producer gathers KV block ``i`` (64 selected rows, ``D_QK`` bytes each) with ``cp.async``
@@ -63,7 +65,10 @@ Synchronisation, all by mbarriers in shared memory (phase = use count & 1):
   waits ``p_bar[0]`` before it arrives at ``p_bar[1]``, so neither consumer can complete a
   barrier's phase twice before the other has waited for it.
 - ``l_bar`` (count 2): the row sums, exchanged once at the end.
-- ``q_bar`` (count 256, ``Q_ASYNC`` only): the consumers' ``cp.async`` completions of Q.
+- ``q_bar`` (count 256 with ``Q_ASYNC``, 128 with ``PERSISTENT``): the consumers' or the
+  producer's ``cp.async`` completions of Q.
+- ``q_free`` (count 2, ``PERSISTENT``): each consumer once its last Q·Kᵀ of a tile has
+  completed, before the producer copies the next tile's Q.
 """
 
 from __future__ import annotations
@@ -90,14 +95,13 @@ BLOCK_H = 64
 BLOCK_N = 64
 D_V = 512
 # 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V with
-# ldmatrix.trans / stmatrix (``vt_ldsm``: 671 TFLOPS, the blocked transpose 401, the producer's
-# 560; 128 columns a load 646); setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
-# ``tr_early`` + ``q_async`` at 232/40 and ``persistent`` measured correct and 4-11% faster; not
-# the default before the GPU test suite has run with them. Every knob and its measurement:
-# docs/design/sparse_mla_prefill.md#variants-measured-and-not-yet-the-default
+# ldmatrix.trans / stmatrix (the blocked transpose, the producer's and 128 columns a load
+# measured slower); persistent CTAs, each consumer transposing early what it can, and 232/40
+# registers (setmaxnreg obeys 2 * consumer + producer <= 3 * max). Every knob and its
+# measurement: docs/design/sparse_mla_prefill.md
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
-          "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": False,
-          "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
+          "vt_ldsm": True, "tr_early": True, "q_async": False, "persistent": True,
+          "consumer_regs": 232, "producer_regs": 40, "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -126,43 +130,52 @@ def _valid_rows(idx_smem, i, base, n_rows, s_kv, layout: gl.constexpr):
 
 
 @gluon.jit
-def _producer(kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, token, n_rows, s_kv, h_q, topk,
-              n_tiles, k_nope, k_rope, vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free,
+def _producer(kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, q_ptr, token, n_rows, s_kv, h_q,
+              topk, n_tiles, q_nope, q_rope, k_nope, k_rope, vt, bias, idx_smem, k_ready,
+              k_free, vt_ready, vt_free, q_bar, q_free,
               D_QK: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
               LAG: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
               VT_LDSM: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, HAS_ERRORS: gl.constexpr,
               PERSISTENT: gl.constexpr):
     """The producer of the CTA's tile, or (``PERSISTENT``) of its tiles ``pid``, ``pid +
-    num_programs``, ... below ``n_tiles`` (it counts each tile's ``topk_length`` errors)."""
+    num_programs``, ... below ``n_tiles`` (it counts each tile's ``topk_length`` errors, and
+    copies each tile's Q)."""
     if PERSISTENT:
         head_blocks = h_q // _BLOCK_H
         base = 0
+        t = 0
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             tile_token = (tile // head_blocks).to(gl.int64)
             rows = rows_to_attend(topk_length_ptr, errors_ptr, tile_token, topk,
                                   tile % head_blocks, HAS_TOPK_LENGTH, HAS_ERRORS)
-            base = _produce(kv_ptr, indices_ptr, tile_token, rows, s_kv, topk, k_nope, k_rope,
-                            vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free, base, D_QK,
-                            NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS, VT_LDSM, True)
+            base = _produce(kv_ptr, indices_ptr, q_ptr, tile_token, rows, s_kv, h_q, topk,
+                            (tile % head_blocks) * _BLOCK_H, t, q_nope, q_rope, k_nope, k_rope,
+                            vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free, q_bar,
+                            q_free, base, D_QK, NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS,
+                            VT_LDSM, True)
+            t += 1
     else:
-        _produce(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
-                 idx_smem, k_ready, k_free, vt_ready, vt_free, 0, D_QK, NUM_STAGES, NUM_VT, LAG,
-                 TR_CONS, TR_COLS, VT_LDSM, False)
+        _produce(kv_ptr, indices_ptr, q_ptr, token, n_rows, s_kv, h_q, topk, 0, 0, q_nope,
+                 q_rope, k_nope, k_rope, vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free,
+                 q_bar, q_free, 0, D_QK, NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS, VT_LDSM,
+                 False)
 
 
 @gluon.jit
-def _produce(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
-             idx_smem, k_ready, k_free, vt_ready, vt_free, base, D_QK: gl.constexpr,
-             NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, LAG: gl.constexpr,
-             TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
-             LAST_INDICES: gl.constexpr):
+def _produce(kv_ptr, indices_ptr, q_ptr, token, n_rows, s_kv, h_q, topk, head0, t, q_nope,
+             q_rope, k_nope, k_rope, vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free,
+             q_bar, q_free, base, D_QK: gl.constexpr, NUM_STAGES: gl.constexpr,
+             NUM_VT: gl.constexpr, LAG: gl.constexpr, TR_CONS: gl.constexpr,
+             TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr, PERSISTENT: gl.constexpr):
     """Gather block ``i`` into stage ``(base + i) % NUM_STAGES``, then transpose block ``i -
     LAG``'s V; ``base`` blocks went before (earlier tiles). Returns ``base`` plus this tile's
-    blocks.
+    blocks. With ``PERSISTENT`` this is the CTA's tile ``t`` (heads from ``head0``): its Q is
+    copied after block 0's rows, once ``q_free`` says that the consumers' Q·Kᵀ of tile ``t -
+    1`` have completed (the copy lands while they finish that tile).
 
     The indices travel through ``idx_smem`` (4 slots), copied two blocks ahead with
     ``cp.async``: a register prefetch would be moved into the loop-carried register at once,
-    and that move waits for the load. With ``LAST_INDICES`` no copy goes past the tile's last
+    and that move waits for the load. With ``PERSISTENT`` no copy goes past the tile's last
     block (the next tile's first copies use those slots)."""
     D_ROPE: gl.constexpr = D_QK - 512
     gl.static_assert(NUM_STAGES > LAG, "a stage is refilled only after its transpose")
@@ -180,6 +193,10 @@ def _produce(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt,
     n_blocks = 2 * gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)  # never past topk
     _load_indices(idx_smem, index_row, 0, base, topk, flat_layout)
     _load_indices(idx_smem, index_row, 1, base, topk, flat_layout)
+    if PERSISTENT:
+        if t > 0:
+            mbarrier.wait(q_free, (t - 1) & 1)
+        _copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, 0, _BLOCK_H, D_QK)
     for i in range(n_blocks + LAG):
         if i < n_blocks:
             s = (base + i) % NUM_STAGES
@@ -205,7 +222,7 @@ def _produce(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt,
             gl.thread_barrier()
             mbarrier.arrive(k_ready.index(s))
             async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
-            if LAST_INDICES and i + 2 >= n_blocks:
+            if PERSISTENT and i + 2 >= n_blocks:
                 async_copy.commit_group()  # an empty group keeps wait_group(1) counting
             else:
                 _load_indices(idx_smem, index_row, i + 2, base, topk, flat_layout)
@@ -232,26 +249,26 @@ def _produce(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt,
 
 
 @gluon.jit
-def _load_q(C: gl.constexpr, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, phase,
-            D_QK: gl.constexpr):
-    """Heads ``[32C, 32C + 32)`` of the CTA's 64 of Q into shared memory by ``cp.async`` (each
-    thread arrives at ``q_bar`` once its copies have landed), then the wait for both halves;
-    the first Q·Kᵀ's proxy fence orders them before its reads."""
+def _copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, ROW0: gl.constexpr,
+            ROWS: gl.constexpr, D_QK: gl.constexpr):
+    """Start the copy of rows ``[ROW0, ROW0 + ROWS)`` of a tile's 64 heads of Q (token
+    ``token``, heads from ``head0``) into shared memory by ``cp.async``; each thread arrives at
+    ``q_bar`` once its copies have landed. A Q·Kᵀ waits for ``q_bar``, and its proxy fence
+    orders the copies before its reads."""
     nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    rows = token * h_q + head0 + C * 32 + gl.arange(0, 32, gl.SliceLayout(1, nope_layout))
+    rows = token * h_q + head0 + ROW0 + gl.arange(0, ROWS, gl.SliceLayout(1, nope_layout))
     cols = gl.arange(0, 512, gl.SliceLayout(0, nope_layout))
     async_copy.async_copy_global_to_shared(
-        q_nope.slice(C * 32, 32, dim=0),
+        q_nope.slice(ROW0, ROWS, dim=0),
         q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
     if D_QK > 512:
-        rows = token * h_q + head0 + C * 32 + gl.arange(0, 32, gl.SliceLayout(1, rope_layout))
+        rows = token * h_q + head0 + ROW0 + gl.arange(0, ROWS, gl.SliceLayout(1, rope_layout))
         cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
         async_copy.async_copy_global_to_shared(
-            q_rope.slice(C * 32, 32, dim=0),
+            q_rope.slice(ROW0, ROWS, dim=0),
             q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
     async_copy.mbarrier_arrive(q_bar, increment_count=False)
-    mbarrier.wait(q_bar, phase)
 
 
 @gluon.jit
@@ -383,8 +400,8 @@ def _transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k
 def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
               topk_length_ptr, token, head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale,
               q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready,
-              k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK: gl.constexpr,
-              HAS_ATTN_SINK: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr,
+              k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, q_free,
+              D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_CONS: gl.constexpr,
               TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr,
               Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
@@ -403,29 +420,31 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                            tile_token, (tile % head_blocks) * _BLOCK_H, h_q, rows, scale_log2,
                            kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem,
                            mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
-                           q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                           VT_LDSM, TR_EARLY, True)
+                           q_bar, q_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
+                           TR_COLS, VT_LDSM, TR_EARLY, False, True)
             pairs += gl.maximum(gl.cdiv(rows, 2 * _BLOCK_N), 1)
             t += 1
     else:
         _consumer_tile(C, 0, 0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0,
                        h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope,
                        vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
-                       mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
-                       TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC)
+                       mx_bar, l_bar, q_bar, q_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT,
+                       TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, False)
 
 
 @gluon.jit
 def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                    token, head0, h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope,
                    k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready,
-                   vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK: gl.constexpr,
+                   vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK: gl.constexpr,
                    HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
                    TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
-                   TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr):
+                   TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
     """Consumer ``C`` of one tile: blocks ``2p + C`` (pairs numbered from ``P0``), output
     columns ``[256C, 256C + 256)``; consumer 1 also writes ``max_logits`` and ``lse``.
-    ``phase``: of ``l_bar`` and ``q_bar`` in this tile."""
+    ``phase``: of ``l_bar``, ``q_bar`` and ``q_free`` in this tile. Q is in shared memory
+    already, or copied by both consumers (``Q_ASYNC``) or by the producer (``PERSISTENT``:
+    each consumer arrives at ``q_free`` once no Q·Kᵀ of the tile reads it)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -438,7 +457,9 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     l_i = gl.zeros([_BLOCK_H], gl.float32, row_s)
     n_pairs = gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)
     if Q_ASYNC:
-        _load_q(C, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, phase, D_QK)
+        _copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, 32 * C, 32, D_QK)
+    if Q_ASYNC or PERSISTENT:
+        mbarrier.wait(q_bar, phase)
     # Pair 0 is peeled: carrying a Q·Kᵀ token across the loop's back edge makes ptxas
     # serialise every wgmma.
     st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * P0 + C, D_QK,
@@ -450,6 +471,9 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
         fence_async_shared()  # generic stores, then wgmma (async proxy) reads
         gl.thread_barrier()
     sc = warpgroup_mma_wait(0, deps=(st, ))
+    if PERSISTENT:
+        if n_pairs == 1:  # this consumer's last Q·Kᵀ of the tile: the next tile's Q may land
+            mbarrier.arrive(q_free)
     acc, m_run, l_i = _softmax_pv1(C, P0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
                                    vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
                                    NUM_VT, TR_CONS, VT_LDSM)
@@ -474,6 +498,9 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
         else:
             mbarrier.arrive(vt_free.index(2 * ((2 * (P0 + p) - 1) % NUM_VT) + C))
         sc = warpgroup_mma_wait(0, deps=(st, ))
+        if PERSISTENT:
+            if p == n_pairs - 1:
+                mbarrier.arrive(q_free)
         acc, m_run, l_i = _softmax_pv1(C, P0 + p, sc, acc, m_run, l_i, scale_log2, bias,
                                        p_smem, mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
                                        NUM_STAGES, NUM_VT, TR_CONS, VT_LDSM)
@@ -513,14 +540,15 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
 def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token, head0,
                 h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope,
                 k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
-                mx_bar, l_bar, q_bar, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
+                mx_bar, l_bar, q_bar, q_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
                 HAS_TOPK_LENGTH: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
                 TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
                 TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
     _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token, head0,
               h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope,
               k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
-              mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT,
+              mx_bar, l_bar, q_bar, q_free, D_QK, HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES,
+              NUM_VT,
               TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT)
 
 
@@ -569,7 +597,7 @@ def sparse_mla_hopper_kernel(
     """
     gl.static_assert((not TR_CONS) or NUM_VT == 2 or NUM_VT == 3,
                      "the consumers transpose a pair into two or three Vᵀ buffers")
-    gl.static_assert(Q_ASYNC or not PERSISTENT, "each tile's Q is copied by the consumers")
+    gl.static_assert(not (Q_ASYNC and PERSISTENT), "the producer copies each tile's Q")
     head_blocks = h_q // _BLOCK_H
     pid = gl.program_id(0)
     token = (pid // head_blocks).to(gl.int64)
@@ -598,6 +626,7 @@ def sparse_mla_hopper_kernel(
     mx_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
     l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
+    q_free = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=129)  # 128 cp.async completions + the bias
         mbarrier.init(k_free.index(s), count=2 if TR_CONS else 1)
@@ -608,7 +637,9 @@ def sparse_mla_hopper_kernel(
         mbarrier.init(p_bar.index(c), count=1)
         mbarrier.init(mx_bar.index(c), count=1)
     mbarrier.init(l_bar, count=2)
-    mbarrier.init(q_bar, count=256)  # the consumers' cp.async completions (Q_ASYNC)
+    # The cp.async completions of Q: the consumers' (Q_ASYNC) or the producer's (PERSISTENT).
+    mbarrier.init(q_bar, count=128 if PERSISTENT else 256)
+    mbarrier.init(q_free, count=2)
 
     kv_scale = gl.load(kv_scale_ptr)
     # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
@@ -620,8 +651,9 @@ def sparse_mla_hopper_kernel(
                                 HAS_TOPK_LENGTH, HAS_ERRORS)
 
     # The proxy fence orders Q's generic stores before the consumers' wgmma reads. With
-    # Q_ASYNC the consumers copy Q after the fork, while the producer starts gathering.
-    if not Q_ASYNC:
+    # Q_ASYNC the consumers copy Q after the fork, while the producer starts gathering; with
+    # PERSISTENT the producer copies each tile's.
+    if not (Q_ASYNC or PERSISTENT):
         store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK)
     fence_async_shared()
     gl.thread_barrier()
@@ -630,19 +662,20 @@ def sparse_mla_hopper_kernel(
         (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,
                      head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope,
                      q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
-                     vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK,
-                     HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY,
-                     Q_ASYNC, PERSISTENT)),
+                     vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK,
+                     HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
+                     VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT)),
         (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,
                        head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope,
                        q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
-                       vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK,
-                       HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY,
-                       Q_ASYNC, PERSISTENT)),
-        (_producer, (kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, token, n_rows, s_kv, h_q,
-                     topk, n_tiles, k_nope, k_rope, vt, bias, idx_smem, k_ready, k_free,
-                     vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS,
-                     VT_LDSM, HAS_TOPK_LENGTH, HAS_ERRORS, PERSISTENT)),
+                       vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK,
+                       HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
+                       VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT)),
+        (_producer, (kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, q_ptr, token, n_rows,
+                     s_kv, h_q, topk, n_tiles, q_nope, q_rope, k_nope, k_rope, vt, bias,
+                     idx_smem, k_ready, k_free, vt_ready, vt_free, q_bar, q_free, D_QK,
+                     NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS, VT_LDSM, HAS_TOPK_LENGTH,
+                     HAS_ERRORS, PERSISTENT)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -654,7 +687,7 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
                 LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"], VT_LDSM=t["vt_ldsm"],
-                TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"] or t["persistent"],
+                TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"] and not t["persistent"],
                 PERSISTENT=t["persistent"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 

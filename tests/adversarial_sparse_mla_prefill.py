@@ -5,7 +5,8 @@
 Both kernels (on an sm_90 GPU the warp-specialised Gluon kernel, then the Triton one; elsewhere
 the Triton one) and every variant of each: both head dims (512, 576), one and two head blocks (h_q 64, 128),
 and each optional-argument combination: none, ``topk_length``, ``topk_length`` with
-``attn_sink``; each with the device-side error counter and without it. Index values: -1,
+``attn_sink``; each with the device-side error counter and without it; and 300 tokens of 64
+heads (more tiles than SMs, so a persistent CTA computes several). Index values: -1,
 ``s_kv`` and just past it, INT32_MAX / INT32_MIN, every index of a token invalid, duplicates.
 ``topk_length`` values below 0, above ``topk`` and at the INT32 extremes: with a counter in an
 eager call (counted on the device, no host sync), without one inside a captured CUDA graph
@@ -29,9 +30,10 @@ I32_MAX, I32_MIN = 2**31 - 1, -(2**31)
 VARIANTS = {"plain": (False, False), "topk_length": (True, False), "attn_sink": (True, True)}
 
 
-def _inputs(gen, d_qk: int, h_q: int, topk: int, variant: str, counter: bool) -> dict:
+def _inputs(gen, d_qk: int, h_q: int, topk: int, variant: str, counter: bool,
+            s_q: int = 12) -> dict:
     with_topk_length, with_attn_sink = VARIANTS[variant]
-    dims = contract.Dims(s_q=12, s_kv=97, h_q=h_q, d_qk=d_qk, topk=topk,
+    dims = contract.Dims(s_q=s_q, s_kv=97, h_q=h_q, d_qk=d_qk, topk=topk,
                          with_topk_length=with_topk_length, with_attn_sink=with_attn_sink,
                          with_buffers=True, with_errors=counter, device="cuda")
     args = op.random_inputs(dims, gen, invalid_fraction=1 / 2)
@@ -84,6 +86,14 @@ def _run_every_variant(gen: torch.Generator, kernel: str) -> int:
                         graph.replay()
                         _check(args, outputs, what)
                     cases += 1
+        # More tiles than an H200 has SMs: a persistent CTA computes several in a row.
+        what = (kernel, d_qk, "many tiles")
+        args = _inputs(gen, d_qk, 64, 256, "attn_sink", True, s_q=300)
+        args["topk_length"][::3] = 0
+        args["topk_length"][1::7] = I32_MAX
+        _check(args, sparse_mla_q8kv8_prefill_fwd(**args), what)
+        assert args["topk_length_errors"].item() == len(range(1, 300, 7)), what
+        cases += 1
     return cases
 
 

@@ -293,6 +293,8 @@ def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch, sm90_kerne
     monkeypatch.setattr(ws, "KERNEL", sm90_kernel)
     monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
                                            for name, launcher in ws._LAUNCHERS.items()})
+    # The persistent block-pair kernel launches at most one CTA per SM (no device here).
+    monkeypatch.setattr(ws.KERNELS["block_pair"], "sm_count", lambda device: 132)
     q = torch.zeros(2, 64, 576, dtype=torch.float8_e4m3fn)
     kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
     indices = torch.zeros(2, 1, 128, dtype=torch.int32)
@@ -319,6 +321,7 @@ def test_sparse_mla_eager_allocates_and_launches_its_outputs(recording_driver, m
     monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
                                            for name, launcher in ws._LAUNCHERS.items()})
     monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)  # a CPU "device"
+    monkeypatch.setattr(ws.KERNELS["block_pair"], "sm_count", lambda device: 132)
     q = torch.zeros(3, 64, 576, dtype=torch.float8_e4m3fn)
     kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
     indices, scale = torch.zeros(3, 1, 128, dtype=torch.int32), torch.ones(1)

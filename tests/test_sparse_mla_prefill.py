@@ -628,11 +628,11 @@ def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
 @pytest.mark.skipif(op._sparse_mla_sm90 is None, reason="this Triton has no Gluon")
 @pytest.mark.parametrize(("d_qk", "tuning"),
                          [(576, {}), (512, {}), (576, {"tr_cons": False}),
-                          (576, {"vt_ldsm": False}), (576, {"persistent": True})])
+                          (576, {"vt_ldsm": False}), (576, {"persistent": False})])
 def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tuning):
     """Without a GPU: the block-pair kernel (the op's default on sm_90; see
     ``benchmarks/experiments/sparse_mla_hopper.py``) compiles for sm_90 with either V
-    transpose by either method, and persistent, both products are FP8 wgmma (no fp16 P·V),
+    transpose by either method, and one CTA a tile, both products are FP8 wgmma (no fp16 P·V),
     each consumer computes the whole S of its own blocks, and the ``vt_ldsm`` transpose is
     ``ldmatrix.trans`` and ``stmatrix`` with two ``prmt`` per pair of 32-bit words."""
     from strictops.ops import _sparse_mla_hopper as hopper
@@ -786,13 +786,17 @@ def test_gpu_hopper_runs_a_warp_specialized_kernel_close_to_the_triton_one(monke
     assert torch.allclose(ours[2], theirs[2], rtol=1e-4, atol=1e-4), f"seed {seed}"
 
 
+# The block-pair kernel with one CTA a tile (the default is persistent).
+ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "producer_regs": 56}
+
+
 @gpu
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 @pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
-                                    {"tr_cols": 128}, {"tr_early": True, "q_async": True},
-                                    {"tr_early": True, "num_vt": 3}],
+                                    {"tr_cols": 128}, {"num_vt": 3}, {"tr_early": False},
+                                    ONE_TILE, ONE_TILE | {"tr_early": True, "q_async": True}],
                          ids=["default", "blocked-transpose", "producer-transpose", "tr128",
-                              "early-q-async", "early-3-buffers"])
+                              "3-buffers", "late", "one-tile", "one-tile-early-q-async"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
     """The block-pair kernel (``_sparse_mla_hopper``, the op's default on sm_90) on an sm_90 GPU with
     each V transpose: poisoned buffers, invalid indices, empty rows, partial lengths, attn_sink;
@@ -814,6 +818,40 @@ def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
                                              op.GPU_LOGIT_TOL)
     assert passed, f"seed {seed}: {detail}"
     assert int(args["topk_length_errors"].item()) == 0
+
+
+@gpu
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_gpu_persistent_ctas_over_many_tiles_of_unequal_length(d_qk, h_q):
+    """More tiles than SMs, so that each persistent CTA computes several in a row, of unequal
+    lengths (``topk_length`` from 0 to ``topk``, tokens whose every index is invalid): pair
+    numbers, barrier phases and each tile's Q carry over from tile to tile. Within the GPU
+    bounds of float64, and bit for bit what one CTA a tile computes."""
+    if op._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the block-pair kernel needs Gluon and an sm_90 GPU")
+    from strictops.ops import _sparse_mla_hopper as hopper
+
+    gen, seed = _fresh_generator()
+    s_q = 5 * hopper.sm_count(torch.cuda.current_device()) * 64 // h_q + 7
+    dims = contract.Dims(s_q=s_q, s_kv=2000, h_q=h_q, d_qk=d_qk, topk=384,
+                         with_topk_length=True, with_attn_sink=True, with_buffers=True,
+                         with_errors=True, device="cuda")
+    args = op.random_inputs(dims, gen)
+    args["topk_length"][::3] = 0
+    results = []
+    for tuning in ({"persistent": True}, ONE_TILE):
+        outputs = tuple(torch.full_like(args[k], float("nan"))
+                        for k in ("out", "max_logits", "lse"))
+        hopper.launch(*(args[k] for k in op.INPUTS if k != "d_v"), *outputs,
+                      args["topk_length_errors"], **tuning)
+        results.append(outputs)
+    expected = op.reference(**_inputs(args))
+    passed, detail = op.compare_to_reference(results[0], expected, op.GPU_REL_L2_BOUND,
+                                             op.GPU_LOGIT_TOL)
+    assert passed, f"seed {seed}: {detail}"
+    for ours, one_tile in zip(*results):
+        assert torch.equal(ours, one_tile), f"seed {seed}"
 
 
 @gpu

@@ -7,18 +7,16 @@ On an H200 (the default variants; about 100 s when the original is already built
 Variants (``--kernels``; ``VARIANTS``, the default set in ``DEFAULT``): ``old`` (the shared-S
 kernel of ``strictops.ops._sparse_mla_gluon``), ``cutlass`` (sglang's original, where
 ``.anchor`` has it built), ``new`` (``strictops.ops._sparse_mla_hopper`` with its ``TUNING``:
-the consumers transpose V with ``ldmatrix.trans`` / ``stmatrix``, 64 columns a load),
-``new_blocked`` (the same with the transpose through a blocked layout: ``LDSM`` + ``PRMT`` +
-``STS.64``), ``new_tr128`` / ``new_tr256`` (128 / 256 columns a load: fewer partition
-barriers, more registers; ``_r232``: 232/40 registers; ``_early``: the consumers
-transpose block 2p while the second P·V of pair p - 1 runs, ``_vt3_early`` both blocks into
-three Vᵀ buffers; ``_qasync``: the consumers copy
-Q with ``cp.async`` after the fork; ``_persistent``: at most one CTA per SM, each looping over
-tiles), ``new_prod_tr`` (the producer
-transposes), ``new_prod_tr_vt3`` (and three Vᵀ buffers; ``new_prod_tr128_vt3`` 128 columns a
-load, ``new_prod_tr_vt3_r216`` 216/72 registers), and the ablations in ``ABLATIONS`` (wrong
-results, timing only, first shape only). Each variant is compiled first, all at once, in
-processes of their own.
+persistent CTAs, the consumers transposing V with ``ldmatrix.trans`` / ``stmatrix``, 64
+columns a load, early where a Vᵀ buffer is free, 232/40 registers), the same with one knob
+changed (``_r224``: 224/56 registers; ``_late``: every transpose after the second P·V;
+``_vt3``: three Vᵀ buffers; ``_tr128``: 128 columns a load; ``_blocked``: the transpose
+through a blocked layout, ``LDSM`` + ``PRMT`` + ``STS.64``; ``_prod_tr``: the producer
+transposes), ``one_tile`` (one CTA a tile, late transposes, 224/56 registers, Q stored
+before the fork) and its variants (``_r232_early_qasync``: 232/40, early, the consumers copy
+Q with ``cp.async`` after the fork), and the ablations in ``ABLATIONS`` (wrong results,
+timing only, first shape only). Each variant is compiled first, all at once, in processes of
+their own. ``--extra-shapes`` adds ``EXTRA_SHAPES`` to the speed rows.
 
 Without a GPU (``--build``): compiles every variant of ``strictops.ops._sparse_mla_hopper``
 (and ``_sparse_mla_gluon``) for sm_90a with the Triton wheel's ptxas and prints registers,
@@ -34,6 +32,7 @@ as JSON lines in ``--out``/results.jsonl.
 
     python benchmarks/experiments/sparse_mla_hopper.py --build
     python benchmarks/experiments/sparse_mla_hopper.py --out $OUT --kernels new new_tr128
+    python benchmarks/experiments/sparse_mla_hopper.py --out $OUT --extra-shapes
 """
 
 from __future__ import annotations
@@ -83,34 +82,36 @@ ABLATIONS = {
     "new_no_gather": ([("return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)",
                         "return idx, (idx >= 0) & (idx < s_kv) & (j < 0)")], {}),
 }
-# Block-pair variants: tuning overrides of strictops.ops._sparse_mla_hopper.TUNING.
+# Block-pair variants: tuning overrides of strictops.ops._sparse_mla_hopper.TUNING (persistent
+# CTAs, early transposes, 232/40 registers).
+ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "producer_regs": 56}
 VARIANTS = {
     "new": {},
-    "new_blocked": {"vt_ldsm": False},
+    "new_r224": {"consumer_regs": 224, "producer_regs": 56},
+    "new_late": {"tr_early": False},
+    "new_vt3": {"num_vt": 3},
     "new_tr128": {"tr_cols": 128},
-    "new_tr256": {"tr_cols": 256},
-    "new_r232": {"consumer_regs": 232, "producer_regs": 40},
-    "new_tr128_r232": {"tr_cols": 128, "consumer_regs": 232, "producer_regs": 40},
-    "new_early": {"tr_early": True},
-    "new_r232_early": {"tr_early": True, "consumer_regs": 232, "producer_regs": 40},
-    "new_qasync": {"q_async": True},
-    "new_r232_qasync": {"q_async": True, "consumer_regs": 232, "producer_regs": 40},
-    "new_r232_early_qasync": {"q_async": True, "tr_early": True, "consumer_regs": 232,
-                              "producer_regs": 40},
-    "new_vt3_early_r232": {"num_vt": 3, "tr_early": True, "consumer_regs": 232,
-                           "producer_regs": 40},
-    "new_persistent": {"persistent": True},
-    "new_persistent_r232": {"persistent": True, "consumer_regs": 232, "producer_regs": 40},
-    "new_persistent_r232_early": {"persistent": True, "tr_early": True, "consumer_regs": 232,
-                                  "producer_regs": 40},
-    "new_prod_tr": {"tr_cons": False},
-    "new_prod_tr_vt3": {"tr_cons": False, "num_vt": 3},
-    "new_prod_tr128_vt3": {"tr_cons": False, "num_vt": 3, "tr_cols": 128},
-    "new_prod_tr_vt3_r216": {"tr_cons": False, "num_vt": 3, "consumer_regs": 216,
-                             "producer_regs": 72},
+    "new_blocked": {"vt_ldsm": False},
+    "new_prod_tr": {"tr_cons": False, "consumer_regs": 224, "producer_regs": 56},
+    "new_prod_tr_vt3": {"tr_cons": False, "num_vt": 3, "consumer_regs": 224,
+                        "producer_regs": 56},
+    # one CTA a tile
+    "one_tile": ONE_TILE,
+    "one_tile_r232_early_qasync": ONE_TILE | {"tr_early": True, "q_async": True,
+                                              "consumer_regs": 232, "producer_regs": 40},
+    "one_tile_tr128": ONE_TILE | {"tr_cols": 128},
+    "one_tile_blocked": ONE_TILE | {"vt_ldsm": False},
 }
-DEFAULT = ["old", "cutlass", "new", "new_r232_early_qasync", "new_vt3_early_r232",
-           "new_persistent", "new_persistent_r232", "new_persistent_r232_early"]
+DEFAULT = ["cutlass", "new", "new_r224", "new_late", "new_vt3", "one_tile",
+           "one_tile_r232_early_qasync"]
+# Shapes that tell the costs apart (``--extra-shapes``, speed on unit data only): heads,
+# d_qk and topk one at a time from the third benchmark shape, where tiles are shortest.
+EXTRA_SHAPES = [
+    (4096, 8192, 64, 512, 1024),
+    (4096, 8192, 64, 512, 2048),
+    (4096, 8192, 128, 512, 512),
+    (4096, 8192, 64, 576, 512),
+]
 
 
 def _ablated(name: str):
@@ -338,6 +339,8 @@ def _line(row: dict) -> str:
         return f"{head} ERROR {row['error'][-300:]}"
     speed = "" if row.get("tflops") is None else f"{row['tflops']:7.1f} TFLOPS "
     ok = "" if "ok" not in row else ("ok   " if row["ok"] else "FAIL ")
+    if "out" not in row:  # a speed-only row
+        return f"{head} {speed}{row.get('shape')}"
     return (f"{head} {ok}{speed}max_abs {row['max_abs']:.2e} out {row['out']:.2e} "
             f"max_logits {row['max_logits']:.2e} lse {row['lse']:.2e} nan {row['nan']}"
             + ("" if row.get("counted") is None else f" counted {row['counted']}")
@@ -345,7 +348,7 @@ def _line(row: dict) -> str:
                else " INF-MISMATCH"))
 
 
-def run_gpu(out_dir: Path, names=None) -> None:
+def run_gpu(out_dir: Path, names=None, extra_shapes: bool = False) -> None:
     from triton.testing import do_bench
     out_dir.mkdir(parents=True, exist_ok=True)
     log = open(out_dir / "results.jsonl", "a")
@@ -381,7 +384,8 @@ def run_gpu(out_dir: Path, names=None) -> None:
             emit(kind="check", case=case, kernel=name, ok=ok, detail=detail,
                  counted=None if errors is None else int(errors.item()),
                  **_errors(outputs, expected))
-    for shape_name, shape in zip("ABCD", SHAPES):
+    shapes = SHAPES + (EXTRA_SHAPES if extra_shapes else [])
+    for shape_name, shape in zip("ABCDEFGH", shapes):
         s_q, s_kv, h_q, d_qk, topk = shape
         flops = 2 * s_q * h_q * topk * (d_qk + 512)
         dims = contract.Dims(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, device="cuda")
@@ -389,15 +393,16 @@ def run_gpu(out_dir: Path, names=None) -> None:
         data = {"unit": args}
         if shape == SHAPES[0]:
             data["full_range"] = full_range(shape, gen)
+        full = shape in SHAPES  # the extra shapes: speed only
         for data_name, a in data.items():
-            expected = m.reference(**{k: a[k] for k in m.INPUTS})
+            expected = m.reference(**{k: a[k] for k in m.INPUTS}) if full else None
             for name, (module, tuning) in variants.items():
                 if name in ABLATIONS and shape != SHAPES[0]:
                     continue
                 try:
                     outputs = _call(module, tuning, a)
                     torch.cuda.synchronize()
-                    errs = _errors(outputs, expected)
+                    errs = _errors(outputs, expected) if full else {}
                     us = (do_bench(lambda: _call(module, tuning, a), warmup=25, rep=100,
                                    return_mode="median") * 1e3 if data_name == "unit" else None)
                 except Exception as exc:
@@ -418,6 +423,8 @@ def main() -> None:
     ap.add_argument("--warm", action="store_true", help="compile the variants (a GPU's)")
     ap.add_argument("--kernels", nargs="*",
                     help="which variants (default: DEFAULT; --build: every one)")
+    ap.add_argument("--extra-shapes", action="store_true",
+                    help="time EXTRA_SHAPES too (speed only)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/mla-hopper")))
     args = ap.parse_args()
     if args.build:
@@ -428,7 +435,7 @@ def main() -> None:
         warm(args.kernels)
     else:
         t0 = time.time()
-        run_gpu(args.out, args.kernels or DEFAULT)
+        run_gpu(args.out, args.kernels or DEFAULT, args.extra_shapes)
         print(f"done in {time.time() - t0:.0f} s", file=sys.stderr)
 
 
