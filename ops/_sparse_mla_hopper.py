@@ -96,12 +96,12 @@ BLOCK_N = 64
 D_V = 512
 # 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V with
 # ldmatrix.trans / stmatrix (the blocked transpose, the producer's and 128 columns a load
-# measured slower); persistent CTAs, each consumer transposing early what it can, and 232/40
-# registers (setmaxnreg obeys 2 * consumer + producer <= 3 * max). Every knob and its
-# measurement: docs/design/sparse_mla_prefill.md
+# measured slower); persistent CTAs, transposes after the second P·V (early ones measured
+# slower), 232/40 registers (setmaxnreg obeys 2 * consumer + producer <= 3 * max). Every knob
+# and its measurement: docs/design/sparse_mla_prefill.md
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
-          "vt_ldsm": True, "tr_early": True, "q_async": False, "persistent": True,
-          "consumer_regs": 232, "producer_regs": 40, "max_regs": 168}
+          "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": True,
+          "o_smem": False, "consumer_regs": 232, "producer_regs": 40, "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -404,7 +404,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
               D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_CONS: gl.constexpr,
               TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr,
-              Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
+              Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr, O_SMEM: gl.constexpr):
     """Consumer ``C`` of the CTA's tile, or (``PERSISTENT``) of its tiles ``pid``, ``pid +
     num_programs``, ... below ``n_tiles``: pair numbers and barrier phases run on across
     tiles."""
@@ -421,7 +421,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                            kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem,
                            mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
                            q_bar, q_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
-                           TR_COLS, VT_LDSM, TR_EARLY, False, True)
+                           TR_COLS, VT_LDSM, TR_EARLY, False, True, O_SMEM)
             pairs += gl.maximum(gl.cdiv(rows, 2 * _BLOCK_N), 1)
             t += 1
     else:
@@ -429,7 +429,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                        h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope,
                        vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
                        mx_bar, l_bar, q_bar, q_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT,
-                       TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, False)
+                       TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, False, O_SMEM)
 
 
 @gluon.jit
@@ -439,12 +439,14 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
                    vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK: gl.constexpr,
                    HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
                    TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
-                   TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
+                   TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr,
+                   O_SMEM: gl.constexpr):
     """Consumer ``C`` of one tile: blocks ``2p + C`` (pairs numbered from ``P0``), output
     columns ``[256C, 256C + 256)``; consumer 1 also writes ``max_logits`` and ``lse``.
     ``phase``: of ``l_bar``, ``q_bar`` and ``q_free`` in this tile. Q is in shared memory
     already, or copied by both consumers (``Q_ASYNC``) or by the producer (``PERSISTENT``:
-    each consumer arrives at ``q_free`` once no Q·Kᵀ of the tile reads it)."""
+    each consumer arrives at ``q_free`` once no Q·Kᵀ of the tile reads it). ``O_SMEM``: O is
+    stored through shared memory (``_store_o_through_smem``)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -529,11 +531,37 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     out = acc * gl.expand_dims(gl.convert_layout(weight, row_o), 1)
     if VT_LDSM:  # column r of O is output column ρ(r)
         out = output_columns(out)
-    out_layout: gl.constexpr = out.type.layout
-    out_rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, out_layout))
-    out_cols = C * 256 + gl.arange(0, 256, gl.SliceLayout(0, out_layout))
-    gl.store(out_ptr + gl.expand_dims(out_rows, 1) * _D_V + gl.expand_dims(out_cols, 0),
-             out.to(gl.bfloat16))
+    if O_SMEM:
+        _store_o_through_smem(C, out.to(gl.bfloat16), out_ptr, row_of_head, vt, NUM_VT)
+    else:
+        out_layout: gl.constexpr = out.type.layout
+        out_rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, out_layout))
+        out_cols = C * 256 + gl.arange(0, 256, gl.SliceLayout(0, out_layout))
+        gl.store(out_ptr + gl.expand_dims(out_rows, 1) * _D_V + gl.expand_dims(out_cols, 0),
+                 out.to(gl.bfloat16))
+
+
+@gluon.jit
+def _store_o_through_smem(C: gl.constexpr, out, out_ptr, row_of_head, vt, NUM_VT: gl.constexpr):
+    """Store this consumer's bf16 O [64, 256] (output columns ``[256C, 256C + 256)``) through
+    its halves of the first two Vᵀ buffers (no P·V of this consumer reads them until its next
+    transposes): 128 columns into each, then read back 16 bytes a thread and stored as whole
+    rows (16-byte stores instead of 4-byte ones)."""
+    # [2v + c]: half c of vt[v] (16 KiB), as [64, 128] bf16.
+    o_buf = vt._reinterpret(gl.bfloat16, [2 * NUM_VT, _BLOCK_H, 128],
+                            gl.NVMMASharedLayout(128, 16))
+    lo, hi = gl.split(gl.permute(gl.reshape(out, [_BLOCK_H, 2, 128]), (0, 2, 1)))
+    o_buf.index(C).store(lo)
+    o_buf.index(2 + C).store(hi)
+    gl.thread_barrier()
+    row_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, row_layout))
+    cols = gl.arange(0, 128, gl.SliceLayout(0, row_layout))
+    for h in gl.static_range(2):
+        x = o_buf.index(2 * h + C).load(row_layout)
+        gl.store(out_ptr + gl.expand_dims(rows, 1) * _D_V + gl.expand_dims(C * 256 + h * 128
+                                                                           + cols, 0), x)
+    gl.thread_barrier()  # every warp's reads, before its next transposes overwrite Vᵀ
 
 
 @gluon.jit
@@ -543,13 +571,14 @@ def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr
                 mx_bar, l_bar, q_bar, q_free, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
                 HAS_TOPK_LENGTH: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
                 TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
-                TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
+                TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr,
+                O_SMEM: gl.constexpr):
     _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token, head0,
               h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope,
               k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
               mx_bar, l_bar, q_bar, q_free, D_QK, HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES,
               NUM_VT,
-              TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT)
+              TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM)
 
 
 @gluon.jit
@@ -583,6 +612,7 @@ def sparse_mla_hopper_kernel(
     TR_EARLY: gl.constexpr,
     Q_ASYNC: gl.constexpr,
     PERSISTENT: gl.constexpr,
+    O_SMEM: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -598,6 +628,7 @@ def sparse_mla_hopper_kernel(
     gl.static_assert((not TR_CONS) or NUM_VT == 2 or NUM_VT == 3,
                      "the consumers transpose a pair into two or three Vᵀ buffers")
     gl.static_assert(not (Q_ASYNC and PERSISTENT), "the producer copies each tile's Q")
+    gl.static_assert(TR_CONS or not O_SMEM, "O passes through the consumers' own Vᵀ halves")
     head_blocks = h_q // _BLOCK_H
     pid = gl.program_id(0)
     token = (pid // head_blocks).to(gl.int64)
@@ -664,13 +695,13 @@ def sparse_mla_hopper_kernel(
                      q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
                      vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK,
                      HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                     VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT)),
+                     VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM)),
         (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,
                        head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope,
                        q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
                        vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK,
                        HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                       VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT)),
+                       VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM)),
         (_producer, (kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, q_ptr, token, n_rows,
                      s_kv, h_q, topk, n_tiles, q_nope, q_rope, k_nope, k_rope, vt, bias,
                      idx_smem, k_ready, k_free, vt_ready, vt_free, q_bar, q_free, D_QK,
@@ -688,7 +719,7 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
                 LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"], VT_LDSM=t["vt_ldsm"],
                 TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"] and not t["persistent"],
-                PERSISTENT=t["persistent"],
+                PERSISTENT=t["persistent"], O_SMEM=t["o_smem"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 
