@@ -226,7 +226,7 @@ def _scatter_kernel(
 # shared by them), bytes each thread loads and stores contiguously (16: 16-byte vector stores;
 # 0: loads through the shared-memory exchange) and warps per program. Registers, instruction
 # counts and measurements: docs/design/conv_window_scatter.md#kernel-shape.
-TUNING = {"block_bytes": 2048, "layers": 4, "run_bytes": 16, "num_warps": 4}
+TUNING = {"block_bytes": 2048, "layers": 2, "run_bytes": 16, "num_warps": 4}
 # Requests compared per step of the duplicate-slot scan.
 SCAN = 128
 # The bound of copy_window's int32 path (e * km1 and the offsets within one run); the tests

@@ -265,7 +265,7 @@ def sglang_shapes_inputs(seed: int, layers=4, cache=64, spec=16, draft=4, dim=20
 
 
 @gpu
-@pytest.mark.parametrize("tuning", [{"layers": 1}, {"layers": 2}, {"run_bytes": 8},
+@pytest.mark.parametrize("tuning", [{"layers": 1}, {"layers": 4}, {"run_bytes": 8},
                                     {"run_bytes": 4}, {"run_bytes": 0},
                                     {"block_bytes": 4096, "num_warps": 8}, {"i32_reach": 0}])
 @pytest.mark.parametrize("dtype,dim,km1", [(torch.bfloat16, 2048, 3), (torch.float16, 77, 5),
