@@ -40,19 +40,22 @@ SHAPES = [
     ("conv_1req", 36, 512, 2048, 3, torch.bfloat16, 1, 4, 1),
 ]
 # The kernel's tunings swept in graph replay (bytes of a program's run, layers per program,
-# bytes a thread loads and stores contiguously, 0 for the shared-memory exchange, warps); the
-# op's defaults are m.TUNING.
-TUNING = [{"block_bytes": b, "layers": l, "run_bytes": r, "num_warps": w}
-          for b, l, r, w in [(2048, 1, 16, 4), (2048, 2, 16, 4), (2048, 4, 16, 4),
-                             (2048, 4, 16, 8), (4096, 4, 16, 8), (2048, 4, 8, 4),
-                             (2048, 4, 4, 4), (2048, 1, 0, 4), (2048, 4, 0, 4)]]
+# bytes a thread loads and stores contiguously, 0 for the shared-memory exchange, loads and
+# stores streaming past L2, warps); the op's defaults are m.TUNING.
+TUNING = [{"block_bytes": b, "layers": l, "run_bytes": r, "stream": s, "num_warps": w}
+          for b, l, r, s, w in [(2048, 1, 16, False, 4), (2048, 2, 16, False, 4),
+                                (2048, 4, 16, False, 4), (2048, 2, 8, False, 4),
+                                (2048, 2, 4, False, 4), (2048, 2, 16, True, 4),
+                                (2048, 2, 8, True, 4), (2048, 2, 4, True, 4),
+                                (2048, 2, 0, False, 4)]]
 # (A single request sweeps the first three: its kernel is latency-bound, and each tuning
 # compiles again for it, n_requests = 1 being a Triton constexpr.)
 
 
 def tuning_name(v: dict) -> str:
     run = f"r{v['run_bytes']}" if v["run_bytes"] else "x"
-    return f"{v['block_bytes']}B/{v['layers']}L/{run}/{v['num_warps']}w"
+    return (f"{v['block_bytes']}B/{v['layers']}L/{run}{'/s' if v['stream'] else ''}"
+            f"/{v['num_warps']}w")
 
 
 def original():

@@ -31,9 +31,9 @@ from bench_conv_window_scatter import (
 )
 
 # A few of bench_conv_window_scatter's tunings (graph replay): the op's defaults are m.TUNING.
-TUNING = [{"block_bytes": b, "layers": l, "run_bytes": r, "num_warps": w}
-          for b, l, r, w in [(2048, 1, 16, 4), (2048, 2, 16, 4), (2048, 4, 16, 4),
-                             (2048, 4, 8, 4)]]
+TUNING = [{"block_bytes": b, "layers": l, "run_bytes": r, "stream": s, "num_warps": w}
+          for b, l, r, s, w in [(2048, 1, 16, False, 4), (2048, 2, 16, False, 4),
+                                (2048, 2, 8, False, 4), (2048, 2, 16, True, 4)]]
 # (name, pairs, layers, cache, dim, K-1, dtype, requests, draft tokens, valid set 1, valid set 2)
 SHAPES = [
     ("1pair_2sets", 1, 36, 512, 2048, 3, torch.bfloat16, 64, 4, 51, 8),

@@ -109,7 +109,7 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
                 dst_layer_stride, dst_slot_stride, src_layer_stride, src_row_stride,
                 src_step_stride, src_dim_stride, src_win_stride,
                 BLOCK: tl.constexpr, LAYERS: tl.constexpr, RUN: tl.constexpr,
-                I32_REACH: tl.constexpr):
+                STREAM: tl.constexpr, I32_REACH: tl.constexpr):
     """``dst[l, slot].flatten()[e] = src[l, row, step, e // km1, e % km1]`` for the layers
     ``l`` in ``[layer0, layer0 + LAYERS)`` below ``num_layers`` and the ``BLOCK`` flat entry
     elements ``e`` of ``chunk`` that lie inside the entry. ``layer0``, ``slot``, ``row``,
@@ -118,7 +118,8 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
     dst_ptr: ``[num_layers, *, dim, km1]`` through its layer and slot strides, entry
     contiguous: the stores are contiguous runs of ``BLOCK`` elements (16-byte vectors where
     aligned). src_ptr: ``[num_layers, *, *, dim, km1]`` through its five strides (overlapping
-    windows). ``RUN``: the loads' layout (``layers_by_elements``).
+    windows). ``RUN``: the loads' layout (``layers_by_elements``). ``STREAM``: loads marked
+    evict-first and streaming stores (``.cs``), so that data used once leaves L2 first.
 
     ``km1`` is a runtime value (never a constexpr: a size would be specialised), so ``e`` is
     decoded without a division, once for all ``LAYERS`` layers: ``e // km1 = umulhi(2e,
@@ -132,6 +133,8 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
     src = src_ptr + row * src_row_stride + step * src_step_stride
     dst = dst_ptr + slot * dst_slot_stride + e0
     VEC: tl.constexpr = 128 // dst_ptr.dtype.element_ty.primitive_bitwidth  # 16-byte vectors
+    EVICT: tl.constexpr = "evict_first" if STREAM else ""
+    STORE: tl.constexpr = ".cs" if STREAM else ""
     # Element e0 + i lies less than BLOCK rows and km1 columns past the run's first row.
     reach = (BLOCK * tl.cast(src_dim_stride, tl.int64)
              + tl.cast(km1, tl.int64) * src_win_stride)
@@ -159,10 +162,13 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
             else:
                 layer_off = tl.multiple_of(layer_off, VEC)
             tl.store(dst_ptr + tl.multiple_of(entry_off, VEC) + layer_off + i,
-                     tl.load(window, mask=mask), mask=mask)
+                     tl.load(window, mask=mask, eviction_policy=EVICT), mask=mask,
+                     cache_modifier=STORE)
         else:
             mask = (layer < num_layers) & (i < left)
-            tl.store(dst_ptr + entry_off + layer_off + i, tl.load(window, mask=mask), mask=mask)
+            tl.store(dst_ptr + entry_off + layer_off + i,
+                     tl.load(window, mask=mask, eviction_policy=EVICT), mask=mask,
+                     cache_modifier=STORE)
     else:
         # In pieces of 128 elements: int64 decoding holds many registers per element. (A
         # local constexpr: a global one is compared on every eager launch.)
@@ -188,7 +194,7 @@ def _scatter_kernel(
     src_layer_stride, src_row_stride, src_step_stride, src_dim_stride, src_win_stride,
     dst_idx_stride, step_idx_stride, src_idx_stride,
     HAS_SRC_INDICES: tl.constexpr, BLOCK: tl.constexpr, LAYERS: tl.constexpr,
-    RUN: tl.constexpr, I32_REACH: tl.constexpr, SCAN: tl.constexpr,
+    RUN: tl.constexpr, STREAM: tl.constexpr, I32_REACH: tl.constexpr, SCAN: tl.constexpr,
 ):
     """Copy ``BLOCK`` elements of one request's conv window in ``LAYERS`` layers.
 
@@ -218,15 +224,16 @@ def _scatter_kernel(
         copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, dim, km1,
                     dst_layer_stride, dst_slot_stride, src_layer_stride, src_row_stride,
                     src_step_stride, src_dim_stride, src_win_stride, BLOCK, LAYERS, RUN,
-                    I32_REACH)
+                    STREAM, I32_REACH)
 
 
 # Tuning, swept by benchmarks/bench_conv_window_scatter.py: bytes of one program's run of an
 # entry, layers per program (the run's decoding and the request's index loads and scan are
 # shared by them), bytes each thread loads and stores contiguously (16: 16-byte vector stores;
-# 0: loads through the shared-memory exchange) and warps per program. Registers, instruction
-# counts and measurements: docs/design/conv_window_scatter.md#kernel-shape.
-TUNING = {"block_bytes": 2048, "layers": 2, "run_bytes": 16, "num_warps": 4}
+# 0: loads through the shared-memory exchange), whether loads and stores stream past L2
+# (evict-first, .cs), and warps per program. Registers, instruction counts and measurements:
+# docs/design/conv_window_scatter.md#kernel-shape.
+TUNING = {"block_bytes": 2048, "layers": 2, "run_bytes": 16, "stream": False, "num_warps": 4}
 # Requests compared per step of the duplicate-slot scan.
 SCAN = 128
 # The bound of copy_window's int32 path (e * km1 and the offsets within one run); the tests
@@ -247,7 +254,7 @@ def run_elements(element_size: int, run_bytes: int) -> int:
 
 def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
                block_bytes=TUNING["block_bytes"], layers=TUNING["layers"],
-               run_bytes=TUNING["run_bytes"], i32_reach=I32_REACH):
+               run_bytes=TUNING["run_bytes"], stream=TUNING["stream"], i32_reach=I32_REACH):
     """The grid and every kernel parameter, in signature order, of a call on validated inputs
     (on the eager hot path: each piece of metadata read once)."""
     shape, dst_strides, src_shape, s = dst.shape, dst.stride(), src.shape, src.stride()
@@ -262,16 +269,17 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
         dst_strides[0], dst_strides[1], s[0], s[1], s[2], s[3], s[4],
         dst_indices_raw.stride()[0], step_indices_raw.stride()[0], src_idx.stride()[0],
         src_indices_raw is not None, block, layers, run_elements(dst.element_size(), run_bytes),
-        i32_reach, SCAN,
+        stream, i32_reach, SCAN,
     )
 
 
 def _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
             block_bytes=TUNING["block_bytes"], layers=TUNING["layers"],
-            run_bytes=TUNING["run_bytes"], num_warps=TUNING["num_warps"], i32_reach=I32_REACH):
+            run_bytes=TUNING["run_bytes"], stream=TUNING["stream"],
+            num_warps=TUNING["num_warps"], i32_reach=I32_REACH):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     grid, args = _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-                            block_bytes, layers, run_bytes, i32_reach)
+                            block_bytes, layers, run_bytes, stream, i32_reach)
     runtime, constexprs = keyword_constexprs(_scatter_kernel, args)
     kernel[grid](*runtime, **constexprs, num_warps=num_warps)
 

@@ -62,7 +62,7 @@ def _scatter_multi_kernel(
     dst6, src6, dim6, km1_6, dl6, ds6, sl6, sr6, ss6, sd6, sw6,
     dst7, src7, dim7, km1_7, dl7, ds7, sl7, sr7, ss7, sd7, sw7,
     NUM_PAIRS: tl.constexpr, BLOCK: tl.constexpr, LAYERS: tl.constexpr,
-    RUN: tl.constexpr, I32_REACH: tl.constexpr, SCAN: tl.constexpr,
+    RUN: tl.constexpr, STREAM: tl.constexpr, I32_REACH: tl.constexpr, SCAN: tl.constexpr,
 ):
     """Copy ``BLOCK`` elements of one request's window of one pair in ``LAYERS`` layers.
 
@@ -104,42 +104,42 @@ def _scatter_multi_kernel(
         if pair == 0:
             copy_window(dst0, src0, layer0, num_layers, slot, row, step, chunk, dim0,
                         km1_0, dl0, ds0, sl0, sr0, ss0, sd0, sw0, BLOCK, LAYERS, RUN,
-                        I32_REACH)
+                        STREAM, I32_REACH)
         if NUM_PAIRS > 1:
             if pair == 1:
                 copy_window(dst1, src1, layer0, num_layers, slot, row, step, chunk, dim1,
                             km1_1, dl1, ds1, sl1, sr1, ss1, sd1, sw1, BLOCK, LAYERS, RUN,
-                            I32_REACH)
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 2:
             if pair == 2:
                 copy_window(dst2, src2, layer0, num_layers, slot, row, step, chunk, dim2,
                             km1_2, dl2, ds2, sl2, sr2, ss2, sd2, sw2, BLOCK, LAYERS, RUN,
-                            I32_REACH)
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 3:
             if pair == 3:
                 copy_window(dst3, src3, layer0, num_layers, slot, row, step, chunk, dim3,
                             km1_3, dl3, ds3, sl3, sr3, ss3, sd3, sw3, BLOCK, LAYERS, RUN,
-                            I32_REACH)
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 4:
             if pair == 4:
                 copy_window(dst4, src4, layer0, num_layers, slot, row, step, chunk, dim4,
                             km1_4, dl4, ds4, sl4, sr4, ss4, sd4, sw4, BLOCK, LAYERS, RUN,
-                            I32_REACH)
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 5:
             if pair == 5:
                 copy_window(dst5, src5, layer0, num_layers, slot, row, step, chunk, dim5,
                             km1_5, dl5, ds5, sl5, sr5, ss5, sd5, sw5, BLOCK, LAYERS, RUN,
-                            I32_REACH)
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 6:
             if pair == 6:
                 copy_window(dst6, src6, layer0, num_layers, slot, row, step, chunk, dim6,
                             km1_6, dl6, ds6, sl6, sr6, ss6, sd6, sw6, BLOCK, LAYERS, RUN,
-                            I32_REACH)
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 7:
             if pair == 7:
                 copy_window(dst7, src7, layer0, num_layers, slot, row, step, chunk, dim7,
                             km1_7, dl7, ds7, sl7, sr7, ss7, sd7, sw7, BLOCK, LAYERS, RUN,
-                            I32_REACH)
+                            STREAM, I32_REACH)
 
 
 # Arguments of one pair: dst, src, dim, km1, two dst strides, five src strides.
@@ -148,7 +148,8 @@ PAIR_ARGS = 11
 
 def _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw,
                block_bytes=one.TUNING["block_bytes"], layers=one.TUNING["layers"],
-               run_bytes=one.TUNING["run_bytes"], i32_reach=one.I32_REACH):
+               run_bytes=one.TUNING["run_bytes"], stream=one.TUNING["stream"],
+               i32_reach=one.I32_REACH):
     """The grid and every kernel parameter, in signature order, of a call on validated
     inputs."""
     esize = max(d.element_size() for d, _ in pairs)
@@ -173,17 +174,19 @@ def _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_
         dst_indices_raw.stride(0), step_indices_raw.stride(0), dst_indices2_raw.stride(0),
         step_indices2_raw.stride(0),
         *pair_args,
-        len(pairs), block, layers, one.run_elements(esize, run_bytes), i32_reach, one.SCAN,
+        len(pairs), block, layers, one.run_elements(esize, run_bytes), stream, i32_reach,
+        one.SCAN,
     )
 
 
 def _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
             step_indices2_raw, block_bytes=one.TUNING["block_bytes"],
             layers=one.TUNING["layers"], run_bytes=one.TUNING["run_bytes"],
-            num_warps=one.TUNING["num_warps"], i32_reach=one.I32_REACH):
+            stream=one.TUNING["stream"], num_warps=one.TUNING["num_warps"],
+            i32_reach=one.I32_REACH):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     grid, args = _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-                            step_indices2_raw, block_bytes, layers, run_bytes, i32_reach)
+                            step_indices2_raw, block_bytes, layers, run_bytes, stream, i32_reach)
     runtime, constexprs = keyword_constexprs(_scatter_multi_kernel, args)
     kernel[grid](*runtime, **constexprs, num_warps=num_warps)
 

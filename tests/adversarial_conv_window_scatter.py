@@ -113,9 +113,9 @@ def _variants(gen) -> int:
 
 
 # Tunings other than the default (ops/conv_window_scatter.py TUNING): one layer a program,
-# 8- and 4-byte runs, the shared-memory exchange, 4 KiB runs of four layers by 8 warps, the
-# int64 path.
-TUNINGS = [{"layers": 1}, {"run_bytes": 8}, {"run_bytes": 4}, {"run_bytes": 0},
+# 8-byte runs streaming, 4-byte runs, the shared-memory exchange, 4 KiB runs of four layers by
+# 8 warps, the int64 path.
+TUNINGS = [{"layers": 1}, {"run_bytes": 8, "stream": True}, {"run_bytes": 4}, {"run_bytes": 0},
            {"block_bytes": 4096, "layers": 4, "num_warps": 8}, {"i32_reach": 0}]
 
 

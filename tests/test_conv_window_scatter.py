@@ -266,12 +266,13 @@ def sglang_shapes_inputs(seed: int, layers=4, cache=64, spec=16, draft=4, dim=20
 
 @gpu
 @pytest.mark.parametrize("tuning", [{"layers": 1}, {"layers": 4}, {"run_bytes": 8},
-                                    {"run_bytes": 4}, {"run_bytes": 0},
+                                    {"run_bytes": 4}, {"run_bytes": 0}, {"stream": True},
                                     {"block_bytes": 4096, "num_warps": 8}, {"i32_reach": 0}])
 @pytest.mark.parametrize("dtype,dim,km1", [(torch.bfloat16, 2048, 3), (torch.float16, 77, 5),
                                            (torch.int8, 300, 1)])
 def test_gpu_every_tuning_equals_reference(tuning, dtype, dim, km1):
-    """The kernel's other tunings, on entries whose runs are aligned (vector stores) or not,
+    """The kernel's other tunings (layers, run widths, the exchange, streaming, 4 KiB runs by
+    8 warps, the int64 path), on entries whose runs are aligned (vector stores) or not,
     with rejected and out-of-range requests, src rows given."""
     dst, src, slots, steps, rows = sglang_shapes_inputs(7, dim=dim, km1=km1, dtype=dtype,
                                                         src_indices=True)

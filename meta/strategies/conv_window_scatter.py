@@ -13,11 +13,11 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int8)
 # Kernel tunings (``launch_interpreted`` keywords, of this op and the multi-pair op) that the
 # interpreter tests draw: runs shorter than a window row and longer than an entry, one to
 # four layers a program (``dims`` draws 1-3 layers), every load layout (16-, 8- and 2-byte
-# runs a thread, the shared-memory exchange), and the int64 path (an ``i32_reach`` below the
-# small tensors' offsets).
+# runs a thread, the shared-memory exchange), streaming loads and stores, and the int64 path
+# (an ``i32_reach`` below the small tensors' offsets).
 TUNINGS = st.sampled_from([{}, {"block_bytes": 16, "layers": 1}, {"block_bytes": 256},
                            {"block_bytes": 64, "layers": 2, "run_bytes": 0},
-                           {"block_bytes": 128, "layers": 4, "run_bytes": 8},
+                           {"block_bytes": 128, "layers": 4, "run_bytes": 8, "stream": True},
                            {"block_bytes": 64, "layers": 2, "run_bytes": 2, "i32_reach": 48},
                            {"block_bytes": 16, "layers": 4, "i32_reach": 0}])
 
