@@ -116,8 +116,8 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
     ``step`` and ``chunk`` are int64, so no product wraps at 2**31.
 
     dst_ptr: ``[num_layers, *, dim, km1]`` through its layer and slot strides, entry
-    contiguous: the stores are contiguous runs of ``BLOCK`` elements (16-byte vectors where
-    aligned). src_ptr: ``[num_layers, *, *, dim, km1]`` through its five strides (overlapping
+    contiguous: the stores are contiguous runs of ``BLOCK`` elements (vectors where Triton's
+    specialisation of the strides and ``dim`` proves them aligned; no hint beyond it). src_ptr: ``[num_layers, *, *, dim, km1]`` through its five strides (overlapping
     windows). ``RUN``: the loads' layout (``layers_by_elements``). ``STREAM``: loads marked
     evict-first and streaming stores (``.cs``), so that data used once leaves L2 first.
 
@@ -132,7 +132,6 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
     e0 = chunk * BLOCK
     src = src_ptr + row * src_row_stride + step * src_step_stride
     dst = dst_ptr + slot * dst_slot_stride + e0
-    VEC: tl.constexpr = 128 // dst_ptr.dtype.element_ty.primitive_bitwidth  # 16-byte vectors
     EVICT: tl.constexpr = "evict_first" if STREAM else ""
     STORE: tl.constexpr = ".cs" if STREAM else ""
     # Element e0 + i lies less than BLOCK rows and km1 columns past the run's first row.
@@ -149,26 +148,10 @@ def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, di
         off = q * tl.cast(src_dim_stride, tl.int32) + (t - q * k) * tl.cast(src_win_stride,
                                                                              tl.int32)
         window = src + d0.to(tl.int64) * src_dim_stride + layer * src_layer_stride + off
-        entry_off = slot * dst_slot_stride + e0
-        layer_off = layer * dst_layer_stride
-        left = n - e0
-        if (entry_off % VEC == 0) & (dst_layer_stride % VEC == 0) & (left % VEC == 0):
-            # What Triton's integer specialisation tells it when the sizes are concrete
-            # (eager calls); under Inductor's symbolic sizes only this runtime test does.
-            mask = (layer < num_layers) & (i < tl.multiple_of(left, VEC))
-            if RUN == 0:  # hinted as a vector: the hint takes no [LAYERS, 1] tile
-                layer_off = tl.multiple_of((layer0 + tl.arange(0, LAYERS)) * dst_layer_stride,
-                                           VEC)[:, None]
-            else:
-                layer_off = tl.multiple_of(layer_off, VEC)
-            tl.store(dst_ptr + tl.multiple_of(entry_off, VEC) + layer_off + i,
-                     tl.load(window, mask=mask, eviction_policy=EVICT), mask=mask,
-                     cache_modifier=STORE)
-        else:
-            mask = (layer < num_layers) & (i < left)
-            tl.store(dst_ptr + entry_off + layer_off + i,
-                     tl.load(window, mask=mask, eviction_policy=EVICT), mask=mask,
-                     cache_modifier=STORE)
+        mask = (layer < num_layers) & (i < n - e0)
+        tl.store(dst + layer * dst_layer_stride + i,
+                 tl.load(window, mask=mask, eviction_policy=EVICT), mask=mask,
+                 cache_modifier=STORE)
     else:
         # In pieces of 128 elements: int64 decoding holds many registers per element. (A
         # local constexpr: a global one is compared on every eager launch.)
