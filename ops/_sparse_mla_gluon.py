@@ -409,16 +409,17 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
 
 
 def launch_kernel(kernel, constexprs_of, defaults, q, kv, indices, sm_scale, q_scale, kv_scale,
-                  attn_sink, topk_length, out, max_logits, lse, topk_length_errors, **tuning):
+                  attn_sink, topk_length, out, max_logits, lse, topk_length_errors,
+                  programs=None, extra=None, **tuning):
     """Launch a Gluon sparse MLA ``kernel`` (this module's or ``_sparse_mla_hopper``'s: the
-    same grid and runtime parameters) on validated CUDA tensors on an sm_90 GPU (the caller
-    checks both), its compile-time arguments from ``constexprs_of`` and its register limit
-    from ``defaults`` (the kernel's ``TUNING``), both overridden by ``tuning``. Returns the
-    compiled kernel."""
+    same runtime parameters, and ``extra`` ones by name) on validated CUDA tensors on an sm_90
+    GPU (the caller checks both), its compile-time arguments from ``constexprs_of`` and its
+    register limit from ``defaults`` (the kernel's ``TUNING``), both overridden by ``tuning``;
+    ``programs`` CTAs (default: one per token and 64 heads). Returns the compiled kernel."""
     s_q, h_q, d_qk = q.shape
-    return kernel[(s_q * (h_q // BLOCK_H),)](
+    return kernel[(programs or s_q * (h_q // BLOCK_H),)](
         q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, topk_length_errors,
-        out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2],
+        out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2], **(extra or {}),
         **constexprs_of(d_qk, topk_length is not None, attn_sink is not None,
                         topk_length_errors is not None, **tuning),
         num_warps=4, maxnreg=tuned(defaults, tuning)["max_regs"],

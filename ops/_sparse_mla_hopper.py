@@ -1,12 +1,20 @@
 """A block-pair Hopper (sm_90) kernel of sparse MLA prefill, in Gluon (``triton.experimental``).
 
 The op's default on sm_90 (``strictops.ops._sparse_mla_sm90`` selects), the fastest of its
-kernels on the H200 (``docs/design/sparse_mla_prefill.md``;
-``benchmarks/experiments/sparse_mla_hopper.py`` checks and times them side by side). Importing this module
-needs Gluon's Hopper API (``ImportError`` otherwise). It computes what the op's kernels compute
-(see ``strictops.ops.sparse_mla_prefill``) from the same validated arguments.
+kernels on the H200 (numbers against the others and the original:
+``docs/design/sparse_mla_prefill.md``; ``benchmarks/experiments/sparse_mla_hopper.py`` checks
+and times them side by side). Importing this module needs Gluon's Hopper API (``ImportError``
+otherwise). It computes what the op's kernels compute (see ``strictops.ops.sparse_mla_prefill``)
+from the same validated arguments.
 
-Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes token ``pid // (h_q // 64)`` for 64 heads.
+Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes tile ``pid``, token ``pid // (h_q // 64)``
+for 64 heads; with ``PERSISTENT`` the grid is at most one CTA per SM and CTA ``pid`` computes
+tiles ``pid``, ``pid + num_programs``, ... below ``n_tiles`` (pair and block numbers, and with
+them every barrier phase, run on across its tiles; the producer gathers the next tile while
+the consumers finish the last one).
+Q is copied into shared memory before the fork (through registers), or with ``Q_ASYNC`` by the
+consumers after it (``cp.async``, half the heads each, published by ``q_bar``), so that the
+producer starts gathering at once.
 Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with the defaults):
 
 - the producer gathers KV block ``i`` (64 selected rows, ``D_QK`` bytes each) with ``cp.async``
@@ -23,15 +31,15 @@ Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with t
   and each consumer rescales its O to ``m0`` before the first P·V of a pair and to ``m1``
   before the second. The second P·V of pair ``p`` is issued with the Q·Kᵀ of pair ``p + 1``.
 - V transpose (``TR_CONS``): each consumer transposes its own half of V of both blocks of a
-  pair into ``vt[0]``/``vt[1]`` while its Q·Kᵀ runs; otherwise the producer transposes block
+  pair into ``vt[b % NUM_VT]`` (block ``b``) while its Q·Kᵀ runs; otherwise the producer transposes block
   ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``. With ``TR_EARLY`` a
-  consumer transposes block ``2p`` while the second P·V of pair ``p - 1`` (which reads
-  ``vt[1]``) still runs, block ``2p + 1`` after it. With ``VT_LDSM`` it reads
+  consumer transposes the blocks whose buffer the second P·V of pair ``p - 1`` does not read
+  while it runs (block ``2p`` with two buffers, both with three), the rest after it. With ``VT_LDSM`` it reads
   V as 16-bit words with ``ldmatrix.trans``, swaps bytes between row pairs (2 ``prmt`` per 8
   bytes) and writes with ``stmatrix``, which puts row ``n``, column ``d`` of V at row ``ρ(d)``,
   column ``σ(n)`` of Vᵀ (bit permutations that keep both free of bank conflicts); P is stored
   with its columns in σ order and the output columns of O are read in ρ order
-  (``_transpose_ldsm``). Otherwise a blocked layout (``LDSM``, ``PRMT``, ``STS.64``) writes
+  (``_sparse_mla_transpose``). Otherwise a blocked layout (``LDSM``, ``PRMT``, ``STS.64``) writes
   ``Vᵀ[d][n]``.
 
 Softmax arithmetic is in base 2: ``t = s * scale * log2(e) + bias`` (one FFMA), ``P =
@@ -55,9 +63,12 @@ Synchronisation, all by mbarriers in shared memory (phase = use count & 1):
   waits ``p_bar[0]`` before it arrives at ``p_bar[1]``, so neither consumer can complete a
   barrier's phase twice before the other has waited for it.
 - ``l_bar`` (count 2): the row sums, exchanged once at the end.
+- ``q_bar`` (count 256, ``Q_ASYNC`` only): the consumers' ``cp.async`` completions of Q.
 """
 
 from __future__ import annotations
+
+import functools
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -70,6 +81,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ._sparse_mla_gluon import launch_kernel, rows_to_attend, store_q, tuned
+from ._sparse_mla_transpose import output_columns, p_columns, transpose_ldsm, views16
 
 __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
 
@@ -77,13 +89,14 @@ __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
 BLOCK_H = 64
 BLOCK_N = 64
 D_V = 512
-# 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V (404 against
-# 358 TFLOPS for the producer); the transpose by ldmatrix.trans / stmatrix (``vt_ldsm``) is
-# free of bank conflicts; setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
-# Every knob and its measurement: docs/design/sparse_mla_prefill.md#measurements
+# 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V with
+# ldmatrix.trans / stmatrix (``vt_ldsm``: 671 TFLOPS, the blocked transpose 401, the producer's
+# 560; 128 columns a load 646); setmaxnreg registers obey 2 * consumer + producer <= 3 * max.
+# ``tr_early`` / ``q_async``: schedules not yet measured. Every knob and its measurement:
+# docs/design/sparse_mla_prefill.md#measurements
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
-          "vt_ldsm": True, "tr_early": False, "consumer_regs": 224, "producer_regs": 56,
-          "max_regs": 168}
+          "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": False,
+          "consumer_regs": 224, "producer_regs": 56, "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -94,104 +107,62 @@ _HEADROOM = gl.constexpr(8.0)
 
 
 @gluon.jit
-def _load_indices(idx_smem, index_row, i, topk, layout: gl.constexpr):
-    """Start the copy of block ``i``'s 64 indices into ``idx_smem[i % 4]`` and commit it (the
-    group also holds the block copies issued since the last commit)."""
+def _load_indices(idx_smem, index_row, i, base, topk, layout: gl.constexpr):
+    """Start the copy of block ``i``'s 64 indices into ``idx_smem[(base + i) % 4]`` and commit
+    it (the group also holds the block copies issued since the last commit)."""
     j = i * _BLOCK_N + gl.arange(0, _BLOCK_N, layout)
-    async_copy.async_copy_global_to_shared(idx_smem.index(i % 4), index_row + j, mask=j < topk)
+    async_copy.async_copy_global_to_shared(idx_smem.index((base + i) % 4), index_row + j,
+                                           mask=j < topk)
     async_copy.commit_group()
 
 
 @gluon.jit
-def _valid_rows(idx_smem, i, n_rows, s_kv, layout: gl.constexpr):
+def _valid_rows(idx_smem, i, base, n_rows, s_kv, layout: gl.constexpr):
     """Block ``i``'s indices from ``idx_smem`` in ``layout`` and whether each is valid."""
-    idx = idx_smem.index(i % 4).load(layout)
+    idx = idx_smem.index((base + i) % 4).load(layout)
     j = i * _BLOCK_N + gl.arange(0, _BLOCK_N, layout)
     return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)
 
 
-# The ldmatrix.trans / stmatrix transpose writes V of row n, column d to row ρ(d), column σ(n)
-# of Vᵀ: σ moves bit 3 of n to bit 1 (bits 1, 2 up to 2, 3), ρ swaps bits 0 and 3 of d. P's
-# columns are relabelled by σ before their store and O's columns by ρ before the output store
-# (register relabellings: no data moves). The index algebra: see _transpose_ldsm and its test.
-_TR_SPLIT = gl.constexpr((0, 1, 3, 4, 6, 5, 2))  # [n5 n4 n3 n2 n1 n0 j] -> [n5 n4 n2 n1 j n0 n3]
-_TR_JOIN = gl.constexpr((4, 9, 6, 7, 5, 0, 1, 2, 3, 8))  # -> [j>>3, d0, j1, j0, j2 | σ(n) >> 1]
-_P_COLS = gl.constexpr((0, 1, 2, 4, 5, 3, 6))  # [h n5 n4 n3 n2 n1 n0] -> [h | σ(n)]
-_O_COLS = gl.constexpr((0, 1, 5, 3, 4, 2))  # [h r>>4 r3 r2 r1 r0] -> [h | ρ(r)]
-
-
-@gluon.constexpr_function
-def _vt_load_layout(j):
-    """Registers of V read as int16 ``[64 rows, j]`` (two FP8 columns a word) the way
-    ``ldmatrix.trans`` delivers them: register 0 holds rows n, n + 1 (one 32-bit register),
-    lanes 0-1 rows +2, +4 (eight consecutive rows per 8x8 matrix: the 128-byte swizzle puts
-    them in distinct banks), lanes 2-4 the eight words of a 16-byte row, registers 1-3 rows
-    +8, +16, +32, warps words +8, +16, further registers words +32, +64."""
-    reg = [[1, 0], [8, 0], [16, 0], [32, 0]]
-    k = 32
-    while k < j:
-        reg.append([0, k])
-        k *= 2
-    return gl.DistributedLinearLayout(reg, [[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
-                                      [[0, 8], [0, 16]], [], [64, j])
-
-
-@gluon.constexpr_function
-def _packs_rows(layout):
-    """Whether register 0 of ``layout`` (linear) steps along the last axis (rows n, n + 1)."""
-    return layout.reg_bases[0] == [0] * (len(layout.shape) - 1) + [1]
+@gluon.jit
+def _producer(kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, token, n_rows, s_kv, h_q, topk,
+              n_tiles, k_nope, k_rope, vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free,
+              D_QK: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
+              LAG: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
+              VT_LDSM: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, HAS_ERRORS: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    """The producer of the CTA's tile, or (``PERSISTENT``) of its tiles ``pid``, ``pid +
+    num_programs``, ... below ``n_tiles`` (it counts each tile's ``topk_length`` errors)."""
+    if PERSISTENT:
+        head_blocks = h_q // _BLOCK_H
+        base = 0
+        for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            tile_token = (tile // head_blocks).to(gl.int64)
+            rows = rows_to_attend(topk_length_ptr, errors_ptr, tile_token, topk,
+                                  tile % head_blocks, HAS_TOPK_LENGTH, HAS_ERRORS)
+            base = _produce(kv_ptr, indices_ptr, tile_token, rows, s_kv, topk, k_nope, k_rope,
+                            vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free, base, D_QK,
+                            NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS, VT_LDSM, True)
+    else:
+        _produce(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
+                 idx_smem, k_ready, k_free, vt_ready, vt_free, 0, D_QK, NUM_STAGES, NUM_VT, LAG,
+                 TR_CONS, TR_COLS, VT_LDSM, False)
 
 
 @gluon.jit
-def _transpose_ldsm(src, dst, J: gl.constexpr):
-    """``Vᵀ[ρ(d)][σ(n)] = V[n][d]`` for FP8 ``V`` [64 rows n, 2J columns d] given as its int16
-    view ``src`` [64, J] (word j: columns 2j, 2j + 1), into ``dst``, the int16 view [2J, 32]
-    of ``Vᵀ`` [2J, 64]. Per thread per 8 bytes: half an ``ldmatrix.trans`` (x4), 2 ``PRMT``,
-    half an ``stmatrix`` (x4); both access 8 distinct 16-byte bank groups per matrix."""
-    x = gl.reshape(src.load(_vt_load_layout(J)), [2, 2, 2, 2, 2, 2, J])
-    a, b = gl.split(gl.permute(x, _TR_SPLIT.value))  # rows with bit 3 clear, set
-    gl.static_assert(_packs_rows(gl.to_linear_layout(a.type.layout, a.shape)),
-                     "inline asm packs registers 0 and 1: they must hold rows n, n + 1")
-    # A register of a packs words j of rows n, n + 1: bytes V[n][2j], V[n][2j + 1],
-    # V[n + 1][2j], V[n + 1][2j + 1]; of b, rows n + 8, n + 9. o0 gets column 2j of the four
-    # rows, o1 column 2j + 1: Vᵀ words in σ order.
-    o0, o1 = gl.inline_asm_elementwise(
-        "prmt.b32 $0, $2, $3, 0x6420;\n\tprmt.b32 $1, $2, $3, 0x7531;", "=r,=r,r,r", [a, b],
-        dtype=(gl.int16, gl.int16), is_pure=True, pack=2)
-    y = gl.reshape(gl.join(o0, o1), [2, 2, 2, 2, J // 8, 2, 2, 2, 2, 2])
-    dst.store(gl.reshape(gl.permute(y, _TR_JOIN.value), [2 * J, 32]))
-
-
-@gluon.constexpr_function
-def _pairs_first(layout):
-    """``layout`` (linear, 2-D) with the register basis of the next column first, so that
-    stores write two columns at once."""
-    reg = [list(b) for b in layout.reg_bases]
-    i = reg.index([0, 1])
-    reg[0], reg[i] = reg[i], reg[0]
-    return gl.DistributedLinearLayout(reg, layout.lane_bases, layout.warp_bases,
-                                      layout.block_bases, layout.shape)
-
-
-@gluon.jit
-def _vt16(k_nope, vt, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr):
-    """int16 views of the gathered rows' first 512 columns and of the Vᵀ buffers (the same
-    bytes: the swizzles permute 16-byte chunks)."""
-    return (k_nope._reinterpret(gl.int16, [NUM_STAGES, _BLOCK_N, 256],
-                                gl.NVMMASharedLayout(128, 16)),
-            vt._reinterpret(gl.int16, [NUM_VT, 512, _BLOCK_N // 2], gl.NVMMASharedLayout(64, 16)))
-
-
-@gluon.jit
-def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
-              idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK: gl.constexpr,
-              NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, LAG: gl.constexpr,
-              TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr):
-    """Gather block ``i`` into stage ``i % NUM_STAGES``, then transpose block ``i - LAG``'s V.
+def _produce(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
+             idx_smem, k_ready, k_free, vt_ready, vt_free, base, D_QK: gl.constexpr,
+             NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, LAG: gl.constexpr,
+             TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
+             LAST_INDICES: gl.constexpr):
+    """Gather block ``i`` into stage ``(base + i) % NUM_STAGES``, then transpose block ``i -
+    LAG``'s V; ``base`` blocks went before (earlier tiles). Returns ``base`` plus this tile's
+    blocks.
 
     The indices travel through ``idx_smem`` (4 slots), copied two blocks ahead with
     ``cp.async``: a register prefetch would be moved into the loop-carried register at once,
-    and that move waits for the load."""
+    and that move waits for the load. With ``LAST_INDICES`` no copy goes past the tile's last
+    block (the next tile's first copies use those slots)."""
     D_ROPE: gl.constexpr = D_QK - 512
     gl.static_assert(NUM_STAGES > LAG, "a stage is refilled only after its transpose")
     # 8 threads cover a row's 128-byte segment (16 bytes, one cp.async, each), so each thread
@@ -206,35 +177,39 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
     rope_cols = gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
     index_row = indices_ptr + token * topk
     n_blocks = 2 * gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)  # never past topk
-    _load_indices(idx_smem, index_row, 0, topk, flat_layout)
-    _load_indices(idx_smem, index_row, 1, topk, flat_layout)
+    _load_indices(idx_smem, index_row, 0, base, topk, flat_layout)
+    _load_indices(idx_smem, index_row, 1, base, topk, flat_layout)
     for i in range(n_blocks + LAG):
         if i < n_blocks:
-            s = i % NUM_STAGES
+            s = (base + i) % NUM_STAGES
             async_copy.wait_group(1)  # block i's indices (committed two blocks ago)
             gl.thread_barrier()
-            idx, valid = _valid_rows(idx_smem, i, n_rows, s_kv, gl.SliceLayout(1, nope_layout))
+            idx, valid = _valid_rows(idx_smem, i, base, n_rows, s_kv,
+                                     gl.SliceLayout(1, nope_layout))
             row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK
-            mbarrier.wait(k_free.index(s), ((i // NUM_STAGES) & 1) ^ 1)
+            mbarrier.wait(k_free.index(s), (((base + i) // NUM_STAGES) & 1) ^ 1)
             # A false mask reads no byte and writes zeros (0 * V stays finite).
             async_copy.async_copy_global_to_shared(
                 k_nope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(cols, 0),
                 mask=gl.expand_dims(valid, 1))
             if D_ROPE > 0:
-                idx, valid = _valid_rows(idx_smem, i, n_rows, s_kv,
+                idx, valid = _valid_rows(idx_smem, i, base, n_rows, s_kv,
                                          gl.SliceLayout(1, rope_layout))
                 row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK + 512
                 async_copy.async_copy_global_to_shared(
                     k_rope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(rope_cols, 0),
                     mask=gl.expand_dims(valid, 1))
-            _, valid = _valid_rows(idx_smem, i, n_rows, s_kv, flat_layout)
+            _, valid = _valid_rows(idx_smem, i, base, n_rows, s_kv, flat_layout)
             bias.index(s).store(gl.where(valid, 0.0, float("-inf")))
             gl.thread_barrier()
             mbarrier.arrive(k_ready.index(s))
             async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
-            _load_indices(idx_smem, index_row, i + 2, topk, flat_layout)
+            if LAST_INDICES and i + 2 >= n_blocks:
+                async_copy.commit_group()  # an empty group keeps wait_group(1) counting
+            else:
+                _load_indices(idx_smem, index_row, i + 2, base, topk, flat_layout)
         if (not TR_CONS) and i >= LAG:
-            b = i - LAG
+            b = base + i - LAG
             s = b % NUM_STAGES
             v = b % NUM_VT
             mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
@@ -242,9 +217,9 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
             for h in gl.static_range(2):
                 mbarrier.wait(vt_free.index(2 * v + h), ((b // NUM_VT) & 1) ^ 1)
                 if VT_LDSM:
-                    k16, vt16 = _vt16(k_nope, vt, NUM_STAGES, NUM_VT)
+                    k16, vt16 = views16(k_nope, vt, NUM_STAGES, NUM_VT)
                     for c in gl.static_range(h * 256, h * 256 + 256, TR_COLS):
-                        _transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
+                        transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
                                         vt16.index(v).slice(c, TR_COLS, dim=0), TR_COLS // 2)
                 else:
                     x = k_nope.index(s).slice(h * 256, 256, dim=1).load(tr_layout)
@@ -252,6 +227,30 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt
                 fence_async_shared()  # generic stores, then wgmma (async proxy) reads
                 gl.thread_barrier()
                 mbarrier.arrive(vt_ready.index(2 * v + h))
+    return base + n_blocks
+
+
+@gluon.jit
+def _load_q(C: gl.constexpr, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, phase,
+            D_QK: gl.constexpr):
+    """Heads ``[32C, 32C + 32)`` of the CTA's 64 of Q into shared memory by ``cp.async`` (each
+    thread arrives at ``q_bar`` once its copies have landed), then the wait for both halves;
+    the first Q·Kᵀ's proxy fence orders them before its reads."""
+    nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    rows = token * h_q + head0 + C * 32 + gl.arange(0, 32, gl.SliceLayout(1, nope_layout))
+    cols = gl.arange(0, 512, gl.SliceLayout(0, nope_layout))
+    async_copy.async_copy_global_to_shared(
+        q_nope.slice(C * 32, 32, dim=0),
+        q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
+    if D_QK > 512:
+        rows = token * h_q + head0 + C * 32 + gl.arange(0, 32, gl.SliceLayout(1, rope_layout))
+        cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
+        async_copy.async_copy_global_to_shared(
+            q_rope.slice(C * 32, 32, dim=0),
+            q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
+    async_copy.mbarrier_arrive(q_bar, increment_count=False)
+    mbarrier.wait(q_bar, phase)
 
 
 @gluon.jit
@@ -321,8 +320,7 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
     l_i = l_i * gl.exp2(m_run - m_ref) + gl.sum(pr, 1)
     p8 = pr.to(gl.float8e4nv)
     if VT_LDSM:  # column σ(n) of P meets column σ(n) of Vᵀ
-        p8 = gl.reshape(gl.permute(gl.reshape(p8, [_BLOCK_H, 2, 2, 2, 2, 2, 2]), _P_COLS.value),
-                        [_BLOCK_H, _BLOCK_N])
+        p8 = p_columns(p8)
     p_smem.index(2 * par + C).store(p8)
     fence_async_shared()  # generic stores, then wgmma (async proxy) reads
     gl.thread_barrier()
@@ -355,38 +353,78 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
 
 @gluon.jit
 def _transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k_free,
-                     NUM_STAGES: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr):
-    """Half ``C`` of V of block ``2p + q``, transposed into rows ``[256C, 256C + 256)`` of
-    ``vt[q]``, ``TR_COLS`` columns per load; releases the block if it is the other
+                     NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_COLS: gl.constexpr,
+                     VT_LDSM: gl.constexpr):
+    """Half ``C`` of V of block ``b = 2p + q``, transposed into rows ``[256C, 256C + 256)`` of
+    ``vt[b % NUM_VT]``, ``TR_COLS`` columns per load; releases the block if it is the other
     consumer's. The caller fences and synchronises before the P·V reads."""
     # [64 rows, 64 columns] per 8 x 4 bytes of a thread, stored transposed as 4 groups of 8
     # contiguous bytes.
     tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
     b = 2 * p + q
     s = b % NUM_STAGES
+    v = b % NUM_VT
     if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
         mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
     for c in gl.static_range(C * 256, C * 256 + 256, TR_COLS):
         if VT_LDSM:
-            k16, vt16 = _vt16(k_nope, vt, NUM_STAGES, 2)
-            _transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
-                            vt16.index(q).slice(c, TR_COLS, dim=0), TR_COLS // 2)
+            k16, vt16 = views16(k_nope, vt, NUM_STAGES, NUM_VT)
+            transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
+                           vt16.index(v).slice(c, TR_COLS, dim=0), TR_COLS // 2)
         else:
             x = k_nope.index(s).slice(c, TR_COLS, dim=1).load(tr_layout)
-            vt.index(q).slice(c, TR_COLS, dim=0).store(gl.permute(x, (1, 0)))
+            vt.index(v).slice(c, TR_COLS, dim=0).store(gl.permute(x, (1, 0)))
     if q != C:
         mbarrier.arrive(k_free.index(s))
 
 
 @gluon.jit
-def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0,
-              h_q, n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
-              p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
-              D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-              NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
-              VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr):
-    """Consumer ``C``: blocks ``2p + C``, output columns ``[256C, 256C + 256)``; consumer 1
-    also writes ``max_logits`` and ``lse``."""
+def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+              topk_length_ptr, token, head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale,
+              q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready,
+              k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK: gl.constexpr,
+              HAS_ATTN_SINK: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr,
+              NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_CONS: gl.constexpr,
+              TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr,
+              Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
+    """Consumer ``C`` of the CTA's tile, or (``PERSISTENT``) of its tiles ``pid``, ``pid +
+    num_programs``, ... below ``n_tiles``: pair numbers and barrier phases run on across
+    tiles."""
+    if PERSISTENT:
+        head_blocks = h_q // _BLOCK_H
+        pairs = 0
+        t = 0
+        for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            tile_token = (tile // head_blocks).to(gl.int64)
+            rows = rows_to_attend(topk_length_ptr, topk_length_ptr, tile_token, topk, 0,
+                                  HAS_TOPK_LENGTH, False)
+            _consumer_tile(C, pairs, t & 1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+                           tile_token, (tile % head_blocks) * _BLOCK_H, h_q, rows, scale_log2,
+                           kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem,
+                           mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
+                           q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
+                           VT_LDSM, TR_EARLY, True)
+            pairs += gl.maximum(gl.cdiv(rows, 2 * _BLOCK_N), 1)
+            t += 1
+    else:
+        _consumer_tile(C, 0, 0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0,
+                       h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope,
+                       vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
+                       mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
+                       TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC)
+
+
+@gluon.jit
+def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+                   token, head0, h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope,
+                   k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready,
+                   vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK: gl.constexpr,
+                   HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
+                   TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
+                   TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr):
+    """Consumer ``C`` of one tile: blocks ``2p + C`` (pairs numbered from ``P0``), output
+    columns ``[256C, 256C + 256)``; consumer 1 also writes ``max_logits`` and ``lse``.
+    ``phase``: of ``l_bar`` and ``q_bar`` in this tile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -398,44 +436,53 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
     m_run = gl.full([_BLOCK_H], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([_BLOCK_H], gl.float32, row_s)
     n_pairs = gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)
+    if Q_ASYNC:
+        _load_q(C, q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, phase, D_QK)
     # Pair 0 is peeled: carrying a Q·Kᵀ token across the loop's back edge makes ptxas
     # serialise every wgmma.
-    st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, C, D_QK, NUM_STAGES)
+    st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * P0 + C, D_QK,
+                   NUM_STAGES)
     if TR_CONS:
         for q in gl.static_range(2):
-            _transpose_block(C, q, 0, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
+            _transpose_block(C, q, P0, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
+                             TR_COLS, VT_LDSM)
         fence_async_shared()  # generic stores, then wgmma (async proxy) reads
         gl.thread_barrier()
     sc = warpgroup_mma_wait(0, deps=(st, ))
-    acc, m_run, l_i = _softmax_pv1(C, 0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
+    acc, m_run, l_i = _softmax_pv1(C, P0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
                                    vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
                                    NUM_VT, TR_CONS, VT_LDSM)
     for p in range(1, n_pairs):
-        pv = _issue_pv2(C, p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
-        st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * p + C, D_QK,
+        pv = _issue_pv2(C, P0 + p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
+        st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * (P0 + p) + C, D_QK,
                        NUM_STAGES)
-        if TR_CONS and TR_EARLY:  # vt[0]'s last reader, the first P·V of pair p - 1, is done
-            _transpose_block(C, 0, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS, VT_LDSM)
+        # With TR_EARLY, the blocks whose Vᵀ buffer the second P·V of pair p - 1 does not read
+        # (the first only with two buffers: its buffer's last reader, the first P·V of pair
+        # p - 1, is done) are transposed while it runs.
+        EARLY: gl.constexpr = (NUM_VT - 1 if TR_EARLY else 0) if TR_CONS else 0
+        for q in gl.static_range(EARLY):
+            _transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
+                             TR_COLS, VT_LDSM)
         acc = warpgroup_mma_wait(QK_GROUPS, deps=(pv, ))
-        if TR_CONS:  # the second P·V of the last pair has read vt[1]: overwrite it (and vt[0])
-            for q in gl.static_range(1 if TR_EARLY else 0, 2):
-                _transpose_block(C, q, p, k_nope, vt, k_ready, k_free, NUM_STAGES, TR_COLS,
-                                 VT_LDSM)
+        if TR_CONS:
+            for q in gl.static_range(EARLY, 2):
+                _transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES,
+                                 NUM_VT, TR_COLS, VT_LDSM)
             fence_async_shared()  # generic stores, then wgmma (async proxy) reads
             gl.thread_barrier()
         else:
-            mbarrier.arrive(vt_free.index(2 * ((2 * p - 1) % NUM_VT) + C))
+            mbarrier.arrive(vt_free.index(2 * ((2 * (P0 + p) - 1) % NUM_VT) + C))
         sc = warpgroup_mma_wait(0, deps=(st, ))
-        acc, m_run, l_i = _softmax_pv1(C, p, sc, acc, m_run, l_i, scale_log2, bias, p_smem,
-                                       mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
+        acc, m_run, l_i = _softmax_pv1(C, P0 + p, sc, acc, m_run, l_i, scale_log2, bias,
+                                       p_smem, mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
                                        NUM_STAGES, NUM_VT, TR_CONS, VT_LDSM)
-    pv = _issue_pv2(C, n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
+    pv = _issue_pv2(C, P0 + n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
     acc = warpgroup_mma_wait(0, deps=(pv, ))
 
     lsum.index(C).store(l_i)
     gl.thread_barrier()
     mbarrier.arrive(l_bar)
-    mbarrier.wait(l_bar, 0)
+    mbarrier.wait(l_bar, phase)
     l_i = l_i + lsum.index(1 - C).load(row_s)
     seen = l_i > 0  # a valid row: the block holding the maximum adds 2^HEADROOM
     l_safe = gl.where(seen, l_i, 1.0)
@@ -453,9 +500,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
         gl.store(lse_ptr + row_of_head, lse)
     out = acc * gl.expand_dims(gl.convert_layout(weight, row_o), 1)
     if VT_LDSM:  # column r of O is output column ρ(r)
-        out = gl.reshape(gl.permute(gl.reshape(out, [_BLOCK_H, 16, 2, 2, 2, 2]), _O_COLS.value),
-                         [_BLOCK_H, 256])
-        out = gl.convert_layout(out, _pairs_first(out.type.layout))  # registers renamed only
+        out = output_columns(out)
     out_layout: gl.constexpr = out.type.layout
     out_rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, out_layout))
     out_cols = C * 256 + gl.arange(0, 256, gl.SliceLayout(0, out_layout))
@@ -464,16 +509,18 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, 
 
 
 @gluon.jit
-def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
-                scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx,
-                lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
-                D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr,
-                NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, TR_COLS: gl.constexpr,
-                VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr):
-    _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q, n_rows,
-              scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum,
-              k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar, D_QK, HAS_ATTN_SINK,
-              NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY)
+def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token, head0,
+                h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope,
+                k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
+                mx_bar, l_bar, q_bar, D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr,
+                HAS_TOPK_LENGTH: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
+                TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
+                TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr):
+    _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token, head0,
+              h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope,
+              k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
+              mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT,
+              TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT)
 
 
 @gluon.jit
@@ -493,6 +540,7 @@ def sparse_mla_hopper_kernel(
     s_kv,
     h_q,
     topk,
+    n_tiles,
     D_QK: gl.constexpr,
     HAS_TOPK_LENGTH: gl.constexpr,
     HAS_ATTN_SINK: gl.constexpr,
@@ -504,6 +552,8 @@ def sparse_mla_hopper_kernel(
     TR_COLS: gl.constexpr,
     VT_LDSM: gl.constexpr,
     TR_EARLY: gl.constexpr,
+    Q_ASYNC: gl.constexpr,
+    PERSISTENT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -516,7 +566,9 @@ def sparse_mla_hopper_kernel(
     int32, out ``[s_q, h_q, 512]`` bf16, max_logits and lse ``[s_q, h_q]`` float32; all
     contiguous, ``h_q`` a multiple of 64, ``topk`` of 128, ``D_QK`` 512 or 576.
     """
-    gl.static_assert((not TR_CONS) or NUM_VT == 2, "the consumers transpose into vt[0], vt[1]")
+    gl.static_assert((not TR_CONS) or NUM_VT == 2 or NUM_VT == 3,
+                     "the consumers transpose a pair into two or three Vᵀ buffers")
+    gl.static_assert(Q_ASYNC or not PERSISTENT, "each tile's Q is copied by the consumers")
     head_blocks = h_q // _BLOCK_H
     pid = gl.program_id(0)
     token = (pid // head_blocks).to(gl.int64)
@@ -544,6 +596,7 @@ def sparse_mla_hopper_kernel(
     p_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
     mx_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_smem)
     l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_smem)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=129)  # 128 cp.async completions + the bias
         mbarrier.init(k_free.index(s), count=2 if TR_CONS else 1)
@@ -554,33 +607,41 @@ def sparse_mla_hopper_kernel(
         mbarrier.init(p_bar.index(c), count=1)
         mbarrier.init(mx_bar.index(c), count=1)
     mbarrier.init(l_bar, count=2)
+    mbarrier.init(q_bar, count=256)  # the consumers' cp.async completions (Q_ASYNC)
 
     kv_scale = gl.load(kv_scale_ptr)
     # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
     scale_log2 = (sm_scale * gl.load(q_scale_ptr) * kv_scale * 1.4426950408889634).to(
         gl.float32)
-    n_rows = rows_to_attend(topk_length_ptr, errors_ptr, token, topk, head_block,
-                            HAS_TOPK_LENGTH, HAS_ERRORS)
+    n_rows = topk  # the partitions find each tile's (PERSISTENT)
+    if not PERSISTENT:
+        n_rows = rows_to_attend(topk_length_ptr, errors_ptr, token, topk, head_block,
+                                HAS_TOPK_LENGTH, HAS_ERRORS)
 
-    # The proxy fence orders Q's generic stores before the consumers' wgmma reads.
-    store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK)
+    # The proxy fence orders Q's generic stores before the consumers' wgmma reads. With
+    # Q_ASYNC the consumers copy Q after the fork, while the producer starts gathering.
+    if not Q_ASYNC:
+        store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK)
     fence_async_shared()
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
-                     n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
-                     p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                     l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                     VT_LDSM, TR_EARLY)),
-        (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0, h_q,
-                       n_rows, scale_log2, kv_scale, q_nope, q_rope, k_nope, k_rope, vt, bias,
-                       p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                       l_bar, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                       VT_LDSM, TR_EARLY)),
-        (_producer, (kv_ptr, indices_ptr, token, n_rows, s_kv, topk, k_nope, k_rope, vt, bias,
-                     idx_smem, k_ready, k_free, vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT,
-                     LAG, TR_CONS, TR_COLS, VT_LDSM)),
+        (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,
+                     head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope,
+                     q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
+                     vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK,
+                     HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY,
+                     Q_ASYNC, PERSISTENT)),
+        (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,
+                       head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope,
+                       q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
+                       vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, D_QK, HAS_ATTN_SINK,
+                       HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY,
+                       Q_ASYNC, PERSISTENT)),
+        (_producer, (kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, token, n_rows, s_kv, h_q,
+                     topk, n_tiles, k_nope, k_rope, vt, bias, idx_smem, k_ready, k_free,
+                     vt_ready, vt_free, D_QK, NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS,
+                     VT_LDSM, HAS_TOPK_LENGTH, HAS_ERRORS, PERSISTENT)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -592,12 +653,27 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
     return dict(D_QK=d_qk, HAS_TOPK_LENGTH=has_topk_length, HAS_ATTN_SINK=has_attn_sink,
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
                 LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"], VT_LDSM=t["vt_ldsm"],
-                TR_EARLY=t["tr_early"],
+                TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"] or t["persistent"],
+                PERSISTENT=t["persistent"],
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 
 def launch(*args, **tuning):
     """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both):
-    ``args`` as for ``strictops.ops._sparse_mla_gluon.launch``, ``tuning`` overrides entries of
-    ``TUNING``. Returns the compiled kernel."""
-    return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args, **tuning)
+    ``args`` as for ``strictops_kernels::sparse_mla_ws_launch``, ``tuning`` overrides entries of
+    ``TUNING``. One CTA per tile (token and 64 heads), or with ``persistent`` one per SM at
+    most. Returns the compiled kernel."""
+    q = args[0]
+    tiles = q.shape[0] * (q.shape[1] // BLOCK_H)
+    programs = tiles
+    if tuned(TUNING, tuning)["persistent"]:
+        programs = min(tiles, sm_count(q.device.index))
+    return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args,
+                         programs=programs, extra={"n_tiles": tiles}, **tuning)
+
+
+@functools.cache
+def sm_count(device: int) -> int:
+    """The number of SMs of CUDA device ``device``."""
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count

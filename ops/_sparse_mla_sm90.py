@@ -56,10 +56,17 @@ def _eager_constants(kernel: str, d_qk: int, has_topk_length: bool, has_attn_sin
 
 
 def launch_eager(grid, runtime_args, d_qk, has_topk_length, has_attn_sink, has_errors, device):
-    """:func:`launch` with the default tuning through the cached launcher: ``runtime_args``
-    are the kernel's first 15 parameters (those of :func:`launch`'s call, in order)."""
+    """:func:`launch` with the default tuning through the cached launcher: ``grid`` one CTA
+    per token and 64 heads, ``runtime_args`` the 15 parameters both kernels take first (those
+    of :func:`launch`'s call, in order)."""
     constants, options = _eager_constants(KERNEL, d_qk, has_topk_length, has_attn_sink,
                                           has_errors)
+    if KERNEL == "block_pair":  # it also takes the tile count, and may run fewer CTAs
+        tiles = grid[0]
+        programs = tiles
+        if _sparse_mla_hopper.TUNING["persistent"]:
+            programs = min(tiles, _sparse_mla_hopper.sm_count(device))
+        grid, runtime_args = (programs, 1, 1), (*runtime_args, tiles)
     _LAUNCHERS[KERNEL](grid, (*runtime_args, *constants), options, device)
 
 

@@ -597,7 +597,8 @@ def _sm90_ptx(module, kernel, d_qk: int, **tuning):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     constexprs = module.constexprs(d_qk, True, True, True, **tuning)
-    source = GluonASTSource(kernel, _WS_SIGNATURE | {k: "constexpr" for k in constexprs},
+    signature = _WS_SIGNATURE | ({"n_tiles": "i32"} if "n_tiles" in kernel.arg_names else {})
+    source = GluonASTSource(kernel, signature | {k: "constexpr" for k in constexprs},
                             constexprs, {(i,): [["tt.divisibility", 16]] for i in range(11)})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
                               options={"num_warps": 4, "maxnreg": module.TUNING["max_regs"]})
@@ -625,19 +626,19 @@ def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
 
 
 @pytest.mark.skipif(op._sparse_mla_sm90 is None, reason="this Triton has no Gluon")
-@pytest.mark.parametrize(("d_qk", "tr_cons", "vt_ldsm"),
-                         [(576, True, True), (512, True, True), (576, False, True),
-                          (576, True, False)])
-def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tr_cons, vt_ldsm):
+@pytest.mark.parametrize(("d_qk", "tuning"),
+                         [(576, {}), (512, {}), (576, {"tr_cons": False}),
+                          (576, {"vt_ldsm": False}), (576, {"persistent": True})])
+def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tuning):
     """Without a GPU: the block-pair kernel (the op's default on sm_90; see
     ``benchmarks/experiments/sparse_mla_hopper.py``) compiles for sm_90 with either V
-    transpose by either method, both products are FP8 wgmma (no fp16 P·V), each consumer
-    computes the whole S of its own blocks, and the ``vt_ldsm`` transpose is ``ldmatrix.trans``
-    and ``stmatrix`` with two ``prmt`` per pair of 32-bit words."""
+    transpose by either method, and persistent, both products are FP8 wgmma (no fp16 P·V),
+    each consumer computes the whole S of its own blocks, and the ``vt_ldsm`` transpose is
+    ``ldmatrix.trans`` and ``stmatrix`` with two ``prmt`` per pair of 32-bit words."""
     from strictops.ops import _sparse_mla_hopper as hopper
 
-    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, tr_cons=tr_cons,
-                    vt_ldsm=vt_ldsm)
+    tr_cons, vt_ldsm = tuning.get("tr_cons", True), tuning.get("vt_ldsm", True)
+    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, **tuning)
     # Per consumer, Q·Kᵀ of a whole 64-row block is d_qk / 32 m64n64k32 instructions, written
     # out twice (the peeled first pair and the loop); P·V is two m64n256k32 instructions
     # (k = 64 rows), at four places (the first and second P·V, each peeled and in the loop).
@@ -660,7 +661,7 @@ def test_hopper_vt_transpose_index_algebra():
     the int16 words it loads, split, byte-permuted (``prmt``), joined and stores give Vᵀ with
     rows ρ(d) and columns σ(n), and P with columns relabelled by σ times that Vᵀ, its columns
     relabelled by ρ, is P·V exactly (integers in float64)."""
-    hopper = pytest.importorskip("strictops.ops._sparse_mla_hopper")
+    tr = pytest.importorskip("strictops.ops._sparse_mla_transpose")
 
     def prmt(a, b, selector):  # PTX prmt.b32 on 32-bit words held in int64
         source = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF
@@ -677,18 +678,18 @@ def test_hopper_vt_transpose_index_algebra():
     for j in (32, 64, 128):
         v = torch.randint(0, 256, (64, 2 * j), generator=gen, dtype=torch.uint8)
         words = v.view(torch.int16)  # little endian: word j = column 2j | column 2j + 1 << 8
-        x = words.reshape(2, 2, 2, 2, 2, 2, j).permute(hopper._TR_SPLIT.value)
+        x = words.reshape(2, 2, 2, 2, 2, 2, j).permute(tr.TR_SPLIT.value)
         a, b = packed(x[..., 0]), packed(x[..., 1])
         o0, o1 = unpacked(prmt(a, b, 0x6420)), unpacked(prmt(a, b, 0x7531))
         y = torch.stack([o0, o1], -1).reshape(2, 2, 2, 2, j // 8, 2, 2, 2, 2, 2)
-        vt = y.permute(hopper._TR_JOIN.value).reshape(2 * j, 32).contiguous().view(torch.uint8)
+        vt = y.permute(tr.TR_JOIN.value).reshape(2 * j, 32).contiguous().view(torch.uint8)
         p = torch.randint(-8, 9, (64, 64), generator=gen).double()
-        p_cols = p.reshape(64, 2, 2, 2, 2, 2, 2).permute(hopper._P_COLS.value).reshape(64, 64)
+        p_cols = p.reshape(64, 2, 2, 2, 2, 2, 2).permute(tr.P_COLS.value).reshape(64, 64)
         o = p_cols @ vt.double().T  # what the P·V wgmma computes: [64 heads, 2j rows of Vᵀ]
         rho = [(d & ~9) | ((d & 1) << 3) | ((d >> 3) & 1) for d in range(2 * j)]
         assert torch.equal(o, (p @ v.double())[:, rho])  # column r of O is column ρ(r)
         if j == 128:  # one consumer's 256 output columns, relabelled as the epilogue does
-            out = o.reshape(64, 16, 2, 2, 2, 2).permute(hopper._O_COLS.value).reshape(64, 256)
+            out = o.reshape(64, 16, 2, 2, 2, 2).permute(tr.O_COLS.value).reshape(64, 256)
             assert torch.equal(out, p @ v.double())
 
 
@@ -788,9 +789,10 @@ def test_gpu_hopper_runs_a_warp_specialized_kernel_close_to_the_triton_one(monke
 @gpu
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 @pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
-                                    {"tr_cols": 128}, {"tr_early": True}],
+                                    {"tr_cols": 128}, {"tr_early": True, "q_async": True},
+                                    {"tr_early": True, "num_vt": 3}],
                          ids=["default", "blocked-transpose", "producer-transpose", "tr128",
-                              "early"])
+                              "early-q-async", "early-3-buffers"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
     """The block-pair kernel (``_sparse_mla_hopper``, the op's default on sm_90) on an sm_90 GPU with
     each V transpose: poisoned buffers, invalid indices, empty rows, partial lengths, attn_sink;

@@ -11,7 +11,10 @@ the consumers transpose V with ``ldmatrix.trans`` / ``stmatrix``, 64 columns a l
 ``new_blocked`` (the same with the transpose through a blocked layout: ``LDSM`` + ``PRMT`` +
 ``STS.64``), ``new_tr128`` / ``new_tr256`` (128 / 256 columns a load: fewer partition
 barriers, more registers; ``_r232``: 232/40 registers; ``_early``: the consumers
-transpose block 2p while the second P·V of pair p - 1 runs), ``new_prod_tr`` (the producer
+transpose block 2p while the second P·V of pair p - 1 runs, ``_vt3_early`` both blocks into
+three Vᵀ buffers; ``_qasync``: the consumers copy
+Q with ``cp.async`` after the fork; ``_persistent``: at most one CTA per SM, each looping over
+tiles), ``new_prod_tr`` (the producer
 transposes), ``new_prod_tr_vt3`` (and three Vᵀ buffers; ``new_prod_tr128_vt3`` 128 columns a
 load, ``new_prod_tr_vt3_r216`` 216/72 registers), and the ablations in ``ABLATIONS`` (wrong
 results, timing only, first shape only). Each variant is compiled first, all at once, in
@@ -90,15 +93,25 @@ VARIANTS = {
     "new_tr128_r232": {"tr_cols": 128, "consumer_regs": 232, "producer_regs": 40},
     "new_early": {"tr_early": True},
     "new_r232_early": {"tr_early": True, "consumer_regs": 232, "producer_regs": 40},
+    "new_qasync": {"q_async": True},
+    "new_r232_qasync": {"q_async": True, "consumer_regs": 232, "producer_regs": 40},
+    "new_r232_early_qasync": {"q_async": True, "tr_early": True, "consumer_regs": 232,
+                              "producer_regs": 40},
+    "new_vt3_early_r232": {"num_vt": 3, "tr_early": True, "consumer_regs": 232,
+                           "producer_regs": 40},
+    "new_persistent": {"persistent": True},
+    "new_persistent_r232": {"persistent": True, "consumer_regs": 232, "producer_regs": 40},
+    "new_persistent_r232_early": {"persistent": True, "tr_early": True, "consumer_regs": 232,
+                                  "producer_regs": 40},
     "new_prod_tr": {"tr_cons": False},
     "new_prod_tr_vt3": {"tr_cons": False, "num_vt": 3},
     "new_prod_tr128_vt3": {"tr_cons": False, "num_vt": 3, "tr_cols": 128},
     "new_prod_tr_vt3_r216": {"tr_cons": False, "num_vt": 3, "consumer_regs": 216,
                              "producer_regs": 72},
 }
-DEFAULT = ["old", "cutlass", "new", "new_blocked", "new_tr128", "new_r232", "new_tr128_r232",
-           "new_early", "new_r232_early", "new_prod_tr", "new_prod_tr_vt3", "new_prod_tr128_vt3",
-           "new_no_vt_store"]
+DEFAULT = ["old", "cutlass", "new", "new_blocked", "new_r232", "new_early", "new_r232_early",
+           "new_vt3_early_r232", "new_qasync", "new_r232_early_qasync", "new_persistent",
+           "new_persistent_r232", "new_persistent_r232_early", "new_no_vt_store"]
 
 
 def _ablated(name: str):
@@ -166,7 +179,8 @@ def build(module, kernel, d_qk: int, tuning: dict, name: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     constexprs = module.constexprs(d_qk, True, True, True, **tuning)
-    source = GluonASTSource(kernel, SIGNATURE | {k: "constexpr" for k in constexprs},
+    signature = SIGNATURE | ({"n_tiles": "i32"} if "n_tiles" in kernel.arg_names else {})
+    source = GluonASTSource(kernel, signature | {k: "constexpr" for k in constexprs},
                             constexprs, {(i,): [["tt.divisibility", 16]] for i in range(11)})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": 4,
@@ -403,7 +417,8 @@ def main() -> None:
     ap.add_argument("--build", action="store_true", help="compile for sm_90a only (no GPU)")
     ap.add_argument("--smoke", action="store_true", help="one small call per kernel")
     ap.add_argument("--warm", action="store_true", help="compile the variants (a GPU's)")
-    ap.add_argument("--kernels", nargs="*", help="which variants (default: DEFAULT; --build: every one)")
+    ap.add_argument("--kernels", nargs="*",
+                    help="which variants (default: DEFAULT; --build: every one)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/mla-hopper")))
     args = ap.parse_args()
     if args.build:
