@@ -21,15 +21,19 @@ from strictops.ops import fused_conv_window_scatter_multi
 
 from _harness import Report, arg_parser, copy_bandwidth_bytes_per_us, parse_args
 from bench_conv_window_scatter import (
-    TUNING,
     floors_us,
     make_inputs,
     original,
     plot_for,
     print_tuning,
     time_side_by_side,
+    tuning_name,
 )
 
+# A few of bench_conv_window_scatter's tunings (graph replay): the op's defaults are m.TUNING.
+TUNING = [{"block_bytes": b, "layers": l, "run_bytes": r, "stream": s, "num_warps": w}
+          for b, l, r, s, w in [(2048, 1, 16, False, 4), (2048, 2, 16, False, 4),
+                                (2048, 2, 8, False, 4), (2048, 2, 16, True, 4)]]
 # (name, pairs, layers, cache, dim, K-1, dtype, requests, draft tokens, valid set 1, valid set 2)
 SHAPES = [
     ("1pair_2sets", 1, 36, 512, 2048, 3, torch.bfloat16, 64, 4, 51, 8),
@@ -91,7 +95,7 @@ def main() -> None:
             theirs = None
         padded = sets + [None] * (4 - len(sets))
         time_side_by_side(report, row, ours, theirs, floor_us, {
-            f"{v['block_bytes']}B/{v['num_warps']}w": functools.partial(
+            tuning_name(v): functools.partial(
                 m._launch, m._scatter_multi_kernel, pairs, *padded, **v)
             for v in TUNING})
         report.add(**row)
@@ -102,7 +106,8 @@ def main() -> None:
                             "floor_us", "touched_floor_us", "graph_us", "original_graph_us",
                             "eager_us", "original_eager_us", "eager_wall_us",
                             "original_eager_wall_us", "graph_floor_ratio", "graph_vs_original",
-                            "eager_vs_original", "wall_vs_original"],
+                            "eager_vs_original", "wall_vs_original", "best_tuning",
+                            "best_tuning_us"],
                  plot=plot_for("fused_conv_window_scatter_multi"))
     print_tuning(report)
 

@@ -38,7 +38,6 @@ from torch.library import triton_op, wrap_triton
 
 from strictops.meta import conv_window_scatter as contract
 
-
 from . import mamba_state_scatter
 from ._dispatch import can_skip_dispatcher
 from ._interpret import interpreted
@@ -67,7 +66,7 @@ def written_later(slot, first, n, dst_idx_ptr, step_idx_ptr, src_idx_ptr, dst_id
     (request ``j`` reads row ``src_idx[j]``, or ``j``). Its loads depend on ``first`` only,
     so they are in flight together with the caller's own index loads."""
     later = tl.zeros([SCAN], dtype=tl.int32)
-    for j0 in range(first, n, SCAN):
+    for j0 in tl.range(first, n, SCAN, num_stages=1):
         j = (j0 + tl.arange(0, SCAN)).to(tl.int64)
         in_range = j < n
         s_j = tl.load(step_idx_ptr + j * step_idx_stride, mask=in_range, other=-1).to(tl.int64)
@@ -83,50 +82,115 @@ def written_later(slot, first, n, dst_idx_ptr, step_idx_ptr, src_idx_ptr, dst_id
 
 
 @triton.jit
-def copy_window(dst_ptr, src_ptr, layer, slot, row, step, chunk, dim, km1,
+def layers_by_elements(layer0, N: tl.constexpr, LAYERS: tl.constexpr, RUN: tl.constexpr):
+    """The layer and element index of ``LAYERS`` x ``N`` lanes, in the shape that decides the
+    layout of the gathering loads (Triton gives a load the layout of the store it feeds when
+    their shapes and orders agree, else one of its own):
+
+    * ``RUN > 0``: one flat ``[LAYERS * N]`` run, layer-major, whose element index Triton
+      sees contiguous in groups of ``RUN`` (the values are ``f % N`` either way): each thread
+      loads and stores ``RUN`` consecutive elements (a ``RUN``-element vector store), no
+      exchange. A smaller ``RUN`` puts a warp's load on fewer cache lines.
+    * ``RUN == 0``: a ``[LAYERS, N]`` tile: the load's pointer has no contiguity on either
+      axis, Triton gives it consecutive elements in consecutive lanes, and the values reach
+      the store's vectors through shared memory.
+    """
+    if RUN == 0:
+        return layer0 + tl.arange(0, LAYERS)[:, None], tl.arange(0, N)[None, :]
+    else:
+        f = tl.arange(0, LAYERS * N)
+        return layer0 + f // N, (f // RUN * RUN) % N + f % RUN
+
+
+@triton.jit
+def copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, dim, km1,
                 dst_layer_stride, dst_slot_stride, src_layer_stride, src_row_stride,
                 src_step_stride, src_dim_stride, src_win_stride,
-                BLOCK_DIM: tl.constexpr, BLOCK_WIN: tl.constexpr):
-    """``dst[layer, slot, d, :] = src[layer, row, step, d, :]`` for the ``BLOCK_DIM`` rows
-    ``d`` of ``chunk``. All index arguments are int64, so no product wraps at 2**31.
+                BLOCK: tl.constexpr, LAYERS: tl.constexpr, RUN: tl.constexpr,
+                STREAM: tl.constexpr, I32_REACH: tl.constexpr):
+    """``dst[l, slot].flatten()[e] = src[l, row, step, e // km1, e % km1]`` for the layers
+    ``l`` in ``[layer0, layer0 + LAYERS)`` below ``num_layers`` and the ``BLOCK`` flat entry
+    elements ``e`` of ``chunk`` that lie inside the entry. ``layer0``, ``slot``, ``row``,
+    ``step`` and ``chunk`` are int64, so no product wraps at 2**31.
 
-    dst_ptr: ``[*, *, dim, km1]`` through its layer and slot strides, entry contiguous.
-    src_ptr: ``[*, *, *, dim, km1]`` through its five strides (overlapping windows).
-    Rows are whole tiles of ``BLOCK_WIN`` columns: no division by ``km1`` per element.
+    dst_ptr: ``[num_layers, *, dim, km1]`` through its layer and slot strides, entry
+    contiguous: the stores are contiguous runs of ``BLOCK`` elements (vectors where Triton's
+    specialisation of the strides and ``dim`` proves them aligned; no hint beyond it).
+    src_ptr: ``[num_layers, *, *, dim, km1]`` through its five strides (overlapping windows).
+    ``RUN``: the loads' layout (``layers_by_elements``). ``STREAM``: loads marked evict-first
+    and streaming stores (``.cs``), so that data used once leaves L2 first.
+
+    ``km1`` is a runtime value (never a constexpr: a size would be specialised), so ``e`` is
+    decoded without a division, once for all ``LAYERS`` layers: ``e // km1 = umulhi(2e,
+    ceil(2**31 / km1))``, exact while ``e * km1 < 2**31`` (the error stays below one step of
+    ``1 / km1``), with int32 offsets from the run's first row while they stay below
+    ``I32_REACH``. A larger entry or stride takes the int64 path. Either way ``e < dim * km1``
+    bounds every access. Design note: docs/design/conv_window_scatter.md#kernel-shape
     """
-    d = chunk * BLOCK_DIM + tl.arange(0, BLOCK_DIM)[:, None]
-    src = (src_ptr + layer * src_layer_stride + row * src_row_stride + step * src_step_stride
-           + d * src_dim_stride)
-    dst = dst_ptr + layer * dst_layer_stride + slot * dst_slot_stride + d * km1
-    for w0 in range(0, km1, BLOCK_WIN):
-        w = w0 + tl.arange(0, BLOCK_WIN)[None, :]
-        mask = (d < dim) & (w < km1)
-        tl.store(dst + w, tl.load(src + w * src_win_stride, mask=mask), mask=mask)
+    n = tl.cast(dim, tl.int64) * km1
+    e0 = chunk * BLOCK
+    src = src_ptr + row * src_row_stride + step * src_step_stride
+    dst = dst_ptr + slot * dst_slot_stride + e0
+    EVICT: tl.constexpr = "evict_first" if STREAM else ""
+    STORE: tl.constexpr = ".cs" if STREAM else ""
+    # Element e0 + i lies less than BLOCK rows and km1 columns past the run's first row.
+    reach = (BLOCK * tl.cast(src_dim_stride, tl.int64)
+             + tl.cast(km1, tl.int64) * src_win_stride)
+    if (n * km1 < I32_REACH) & (reach < I32_REACH):
+        layer, i = layers_by_elements(layer0, BLOCK, LAYERS, RUN)
+        k = tl.maximum(tl.cast(km1, tl.int32), 1)  # km1 = 0: an empty entry, nothing copied
+        magic = ((1 << 31) - 1) // tl.cast(k, tl.uint32) + 1
+        first = tl.cast(e0, tl.int32)
+        d0 = tl.umulhi(tl.cast(first * 2, tl.uint32), magic).to(tl.int32)
+        t = first - d0 * k + i
+        q = tl.umulhi(tl.cast(t * 2, tl.uint32), magic).to(tl.int32)
+        off = q * tl.cast(src_dim_stride, tl.int32) + (t - q * k) * tl.cast(src_win_stride,
+                                                                             tl.int32)
+        window = src + d0.to(tl.int64) * src_dim_stride + layer * src_layer_stride + off
+        mask = (layer < num_layers) & (i < n - e0)
+        tl.store(dst + layer * dst_layer_stride + i,
+                 tl.load(window, mask=mask, eviction_policy=EVICT), mask=mask,
+                 cache_modifier=STORE)
+    else:
+        # In pieces of 128 elements: int64 decoding holds many registers per element. (A
+        # local constexpr: a global one is compared on every eager launch.)
+        SLOW_PIECE: tl.constexpr = 128
+        piece_layer, j = layers_by_elements(layer0, SLOW_PIECE, LAYERS, 1)
+        k64 = tl.maximum(tl.cast(km1, tl.uint64), 1)
+        magic64 = ((1 << 63) - 1) // k64 + 1
+        for p in tl.range(0, BLOCK, SLOW_PIECE, num_stages=1):
+            e = e0 + p + j
+            d = tl.umulhi(tl.cast(e * 2, tl.uint64), magic64).to(tl.int64)
+            off64 = d * src_dim_stride + (e - d * km1) * src_win_stride
+            in_run = (piece_layer < num_layers) & (p + j < BLOCK) & (e < n)
+            tl.store(dst + piece_layer * dst_layer_stride + p + j,
+                     tl.load(src + piece_layer * src_layer_stride + off64, mask=in_run),
+                     mask=in_run)
 
 
 @triton.jit
 def _scatter_kernel(
     dst_ptr, src_ptr, dst_idx_ptr, step_idx_ptr, src_idx_ptr,
-    n_requests, cache_size, spec_size, draft_tokens, dim, km1,
+    n_requests, chunks, num_layers, cache_size, spec_size, draft_tokens, dim, km1,
     dst_layer_stride, dst_slot_stride,
     src_layer_stride, src_row_stride, src_step_stride, src_dim_stride, src_win_stride,
     dst_idx_stride, step_idx_stride, src_idx_stride,
-    HAS_SRC_INDICES: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_WIN: tl.constexpr,
-    SCAN: tl.constexpr,
+    HAS_SRC_INDICES: tl.constexpr, BLOCK: tl.constexpr, LAYERS: tl.constexpr,
+    RUN: tl.constexpr, STREAM: tl.constexpr, I32_REACH: tl.constexpr, SCAN: tl.constexpr,
 ):
-    """Copy ``BLOCK_DIM`` rows of one (request, layer) conv window.
+    """Copy ``BLOCK`` elements of one request's conv window in ``LAYERS`` layers.
 
-    Grid: ``(n_requests * cdiv(dim, BLOCK_DIM), num_layers)``.
+    Grid: ``(n_requests * chunks, cdiv(num_layers, LAYERS))``, ``chunks = cdiv(dim * km1,
+    BLOCK)``.
 
     dst_ptr: ``[num_layers, cache_size, dim, km1]``, entry contiguous.
     src_ptr: ``[num_layers, spec_size, draft_tokens, dim, km1]``, any strides.
     dst_idx_ptr / step_idx_ptr / src_idx_ptr: ``[n_requests]`` int32 or int64, any stride.
     """
     pid = tl.program_id(0)
-    layer = tl.program_id(1).to(tl.int64)
-    chunks = tl.cdiv(dim, BLOCK_DIM)
+    layer0 = tl.program_id(1).to(tl.int64) * LAYERS
     req = pid // chunks
-    chunk = (pid % chunks).to(tl.int64)
+    chunk = (pid - req * chunks).to(tl.int64)
 
     step = tl.load(step_idx_ptr + req.to(tl.int64) * step_idx_stride).to(tl.int64)
     slot = tl.load(dst_idx_ptr + req.to(tl.int64) * dst_idx_stride).to(tl.int64)
@@ -139,41 +203,55 @@ def _scatter_kernel(
                           dst_idx_stride, step_idx_stride, src_idx_stride, cache_size,
                           spec_size, draft_tokens, HAS_SRC_INDICES, SCAN)
     if valid and not later:
-        copy_window(dst_ptr, src_ptr, layer, slot, row, step, chunk, dim, km1,
+        copy_window(dst_ptr, src_ptr, layer0, num_layers, slot, row, step, chunk, dim, km1,
                     dst_layer_stride, dst_slot_stride, src_layer_stride, src_row_stride,
-                    src_step_stride, src_dim_stride, src_win_stride, BLOCK_DIM, BLOCK_WIN)
+                    src_step_stride, src_dim_stride, src_win_stride, BLOCK, LAYERS, RUN,
+                    STREAM, I32_REACH)
 
 
-# Tuning, swept by benchmarks/bench_conv_window_scatter.py: bytes one program's tile spans (rows
-# x BLOCK_WIN columns) and warps per program. 2 KiB is the original's 1024 elements a program;
-# sm_90 registers by tile: docs/design/conv_window_scatter.md.
-TUNING = {"block_bytes": 2048, "num_warps": 4}
-# Columns of one tile: K-1 is 3 for the usual K = 4 (a fourth column is masked off).
-BLOCK_WIN = 4
+# Tuning, swept by benchmarks/bench_conv_window_scatter.py: bytes of one program's run of an
+# entry, layers per program (the run's decoding and the request's index loads and scan are
+# shared by them), bytes each thread loads and stores contiguously (16: 16-byte vector stores;
+# 0: loads through the shared-memory exchange), whether loads and stores stream past L2
+# (evict-first, .cs), and warps per program. Registers, instruction counts and measurements:
+# docs/design/conv_window_scatter.md#kernel-shape.
+TUNING = {"block_bytes": 2048, "layers": 2, "run_bytes": 16, "stream": False, "num_warps": 4}
 # Requests compared per step of the duplicate-slot scan.
 SCAN = 128
+# The bound of copy_window's int32 path (e * km1 and the offsets within one run); the tests
+# lower it to reach the int64 path on small tensors.
+I32_REACH = 1 << 31
 
 
-def block_dim(element_size: int, block_bytes: int) -> int:
-    """Rows of one program's tile (a power of two from the dtype only, never from a size)."""
-    return max(block_bytes // (BLOCK_WIN * element_size), 16)
+def block_elements(element_size: int, block_bytes: int) -> int:
+    """Elements of one program's run (a power of two from the dtype only, never from a size)."""
+    return max(block_bytes // element_size, 16)
+
+
+def run_elements(element_size: int, run_bytes: int) -> int:
+    """Elements a thread loads and stores contiguously (``RUN``): ``run_bytes`` of them, at
+    least one; 0 (the shared-memory exchange) for ``run_bytes = 0``."""
+    return max(run_bytes // element_size, 1) if run_bytes else 0
 
 
 def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-               block_bytes=TUNING["block_bytes"]):
+               block_bytes=TUNING["block_bytes"], layers=TUNING["layers"],
+               run_bytes=TUNING["run_bytes"], stream=TUNING["stream"], i32_reach=I32_REACH):
     """The grid and every kernel parameter, in signature order, of a call on validated inputs
     (on the eager hot path: each piece of metadata read once)."""
     shape, dst_strides, src_shape, s = dst.shape, dst.stride(), src.shape, src.stride()
-    rows = block_dim(dst.element_size(), block_bytes)
+    block = block_elements(dst.element_size(), block_bytes)
     n_requests = step_indices_raw.shape[0]
     src_idx = step_indices_raw if src_indices_raw is None else src_indices_raw
-    grid = (n_requests * ((shape[2] + rows - 1) // rows), shape[0], 1)
+    chunks = (shape[2] * shape[3] + block - 1) // block
+    grid = (n_requests * chunks, (shape[0] + layers - 1) // layers, 1)
     return grid, (
         dst, src, dst_indices_raw, step_indices_raw, src_idx,
-        n_requests, shape[1], src_shape[1], src_shape[2], shape[2], shape[3],
+        n_requests, chunks, shape[0], shape[1], src_shape[1], src_shape[2], shape[2], shape[3],
         dst_strides[0], dst_strides[1], s[0], s[1], s[2], s[3], s[4],
-        dst_indices_raw.stride(0), step_indices_raw.stride(0), src_idx.stride(0),
-        src_indices_raw is not None, rows, BLOCK_WIN, SCAN,
+        dst_indices_raw.stride()[0], step_indices_raw.stride()[0], src_idx.stride()[0],
+        src_indices_raw is not None, block, layers, run_elements(dst.element_size(), run_bytes),
+        stream, i32_reach, SCAN,
     )
 
 

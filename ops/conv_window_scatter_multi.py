@@ -51,7 +51,7 @@ __all__ = [
 @triton.jit
 def _scatter_multi_kernel(
     dst_idx_ptr, step_idx_ptr, dst_idx2_ptr, step_idx2_ptr,
-    n1, n2, cache_size, spec_size, draft_tokens, chunks,
+    n1, n2, num_layers, cache_size, spec_size, draft_tokens, chunks,
     dst_idx_stride, step_idx_stride, dst_idx2_stride, step_idx2_stride,
     dst0, src0, dim0, km1_0, dl0, ds0, sl0, sr0, ss0, sd0, sw0,
     dst1, src1, dim1, km1_1, dl1, ds1, sl1, sr1, ss1, sd1, sw1,
@@ -61,13 +61,14 @@ def _scatter_multi_kernel(
     dst5, src5, dim5, km1_5, dl5, ds5, sl5, sr5, ss5, sd5, sw5,
     dst6, src6, dim6, km1_6, dl6, ds6, sl6, sr6, ss6, sd6, sw6,
     dst7, src7, dim7, km1_7, dl7, ds7, sl7, sr7, ss7, sd7, sw7,
-    NUM_PAIRS: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_WIN: tl.constexpr,
-    SCAN: tl.constexpr,
+    NUM_PAIRS: tl.constexpr, BLOCK: tl.constexpr, LAYERS: tl.constexpr,
+    RUN: tl.constexpr, STREAM: tl.constexpr, I32_REACH: tl.constexpr, SCAN: tl.constexpr,
 ):
-    """Copy ``BLOCK_DIM`` rows of one (request, layer) window of one pair.
+    """Copy ``BLOCK`` elements of one request's window of one pair in ``LAYERS`` layers.
 
-    Grid: ``((n1 + n2) * chunks, num_layers, NUM_PAIRS)``, ``chunks`` the most
-    ``cdiv(dim_k, BLOCK_DIM)`` of any pair (a smaller pair's extra chunks mask every row off).
+    Grid: ``((n1 + n2) * chunks, cdiv(num_layers, LAYERS), NUM_PAIRS)``, ``chunks`` the most
+    ``cdiv(dim_k * km1_k, BLOCK)`` of any pair (a smaller pair's extra chunks mask every
+    element off).
 
     Pair ``k``: ``dst{k}`` ``[num_layers, cache_size, dim{k}, km1_{k}]`` through its layer and
     slot strides ``dl{k}``, ``ds{k}``, entry contiguous; ``src{k}``
@@ -76,10 +77,10 @@ def _scatter_multi_kernel(
     Index sets: ``[n1]`` and ``[n2]`` int32 or int64 tensors, any stride.
     """
     pid = tl.program_id(0)
-    layer = tl.program_id(1).to(tl.int64)
+    layer0 = tl.program_id(1).to(tl.int64) * LAYERS
     pair = tl.program_id(2)
     req = pid // chunks
-    chunk = (pid % chunks).to(tl.int64)
+    chunk = (pid - req * chunks).to(tl.int64)
 
     in2 = req >= n1
     i1 = req.to(tl.int64)
@@ -101,36 +102,44 @@ def _scatter_multi_kernel(
                            spec_size, draft_tokens, False, SCAN)
     if valid and not (later or later2):
         if pair == 0:
-            copy_window(dst0, src0, layer, slot, row, step, chunk, dim0, km1_0, dl0, ds0,
-                        sl0, sr0, ss0, sd0, sw0, BLOCK_DIM, BLOCK_WIN)
+            copy_window(dst0, src0, layer0, num_layers, slot, row, step, chunk, dim0,
+                        km1_0, dl0, ds0, sl0, sr0, ss0, sd0, sw0, BLOCK, LAYERS, RUN,
+                        STREAM, I32_REACH)
         if NUM_PAIRS > 1:
             if pair == 1:
-                copy_window(dst1, src1, layer, slot, row, step, chunk, dim1, km1_1, dl1, ds1,
-                            sl1, sr1, ss1, sd1, sw1, BLOCK_DIM, BLOCK_WIN)
+                copy_window(dst1, src1, layer0, num_layers, slot, row, step, chunk, dim1,
+                            km1_1, dl1, ds1, sl1, sr1, ss1, sd1, sw1, BLOCK, LAYERS, RUN,
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 2:
             if pair == 2:
-                copy_window(dst2, src2, layer, slot, row, step, chunk, dim2, km1_2, dl2, ds2,
-                            sl2, sr2, ss2, sd2, sw2, BLOCK_DIM, BLOCK_WIN)
+                copy_window(dst2, src2, layer0, num_layers, slot, row, step, chunk, dim2,
+                            km1_2, dl2, ds2, sl2, sr2, ss2, sd2, sw2, BLOCK, LAYERS, RUN,
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 3:
             if pair == 3:
-                copy_window(dst3, src3, layer, slot, row, step, chunk, dim3, km1_3, dl3, ds3,
-                            sl3, sr3, ss3, sd3, sw3, BLOCK_DIM, BLOCK_WIN)
+                copy_window(dst3, src3, layer0, num_layers, slot, row, step, chunk, dim3,
+                            km1_3, dl3, ds3, sl3, sr3, ss3, sd3, sw3, BLOCK, LAYERS, RUN,
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 4:
             if pair == 4:
-                copy_window(dst4, src4, layer, slot, row, step, chunk, dim4, km1_4, dl4, ds4,
-                            sl4, sr4, ss4, sd4, sw4, BLOCK_DIM, BLOCK_WIN)
+                copy_window(dst4, src4, layer0, num_layers, slot, row, step, chunk, dim4,
+                            km1_4, dl4, ds4, sl4, sr4, ss4, sd4, sw4, BLOCK, LAYERS, RUN,
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 5:
             if pair == 5:
-                copy_window(dst5, src5, layer, slot, row, step, chunk, dim5, km1_5, dl5, ds5,
-                            sl5, sr5, ss5, sd5, sw5, BLOCK_DIM, BLOCK_WIN)
+                copy_window(dst5, src5, layer0, num_layers, slot, row, step, chunk, dim5,
+                            km1_5, dl5, ds5, sl5, sr5, ss5, sd5, sw5, BLOCK, LAYERS, RUN,
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 6:
             if pair == 6:
-                copy_window(dst6, src6, layer, slot, row, step, chunk, dim6, km1_6, dl6, ds6,
-                            sl6, sr6, ss6, sd6, sw6, BLOCK_DIM, BLOCK_WIN)
+                copy_window(dst6, src6, layer0, num_layers, slot, row, step, chunk, dim6,
+                            km1_6, dl6, ds6, sl6, sr6, ss6, sd6, sw6, BLOCK, LAYERS, RUN,
+                            STREAM, I32_REACH)
         if NUM_PAIRS > 7:
             if pair == 7:
-                copy_window(dst7, src7, layer, slot, row, step, chunk, dim7, km1_7, dl7, ds7,
-                            sl7, sr7, ss7, sd7, sw7, BLOCK_DIM, BLOCK_WIN)
+                copy_window(dst7, src7, layer0, num_layers, slot, row, step, chunk, dim7,
+                            km1_7, dl7, ds7, sl7, sr7, ss7, sd7, sw7, BLOCK, LAYERS, RUN,
+                            STREAM, I32_REACH)
 
 
 # Arguments of one pair: dst, src, dim, km1, two dst strides, five src strides.
@@ -138,15 +147,18 @@ PAIR_ARGS = 11
 
 
 def _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw,
-               block_bytes=one.TUNING["block_bytes"]):
+               block_bytes=one.TUNING["block_bytes"], layers=one.TUNING["layers"],
+               run_bytes=one.TUNING["run_bytes"], stream=one.TUNING["stream"],
+               i32_reach=one.I32_REACH):
     """The grid and every kernel parameter, in signature order, of a call on validated
     inputs."""
-    rows = one.block_dim(max(d.element_size() for d, _ in pairs), block_bytes)
+    esize = max(d.element_size() for d, _ in pairs)
+    block = one.block_elements(esize, block_bytes)
     pair_args, chunks = [], 1
     for dst, src in pairs:
         shape, d, s = dst.shape, dst.stride(), src.stride()
         pair_args += [dst, src, shape[2], shape[3], d[0], d[1], s[0], s[1], s[2], s[3], s[4]]
-        chunks = torch.sym_max(chunks, (shape[2] + rows - 1) // rows)
+        chunks = torch.sym_max(chunks, (shape[2] * shape[3] + block - 1) // block)
     pair_args += [None] * (PAIR_ARGS * (contract.MAX_PAIRS - len(pairs)))
     if step_indices2_raw is None:  # no second set: any tensors, never read
         dst_indices2_raw, step_indices2_raw = dst_indices_raw, step_indices_raw
@@ -155,23 +167,26 @@ def _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_
         n2 = step_indices2_raw.shape[0]
     n1 = step_indices_raw.shape[0]
     dst0, src0 = pairs[0]
-    grid = ((n1 + n2) * chunks, dst0.shape[0], len(pairs))
+    grid = ((n1 + n2) * chunks, (dst0.shape[0] + layers - 1) // layers, len(pairs))
     return grid, (
         dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw,
-        n1, n2, dst0.shape[1], src0.shape[1], src0.shape[2], chunks,
+        n1, n2, dst0.shape[0], dst0.shape[1], src0.shape[1], src0.shape[2], chunks,
         dst_indices_raw.stride(0), step_indices_raw.stride(0), dst_indices2_raw.stride(0),
         step_indices2_raw.stride(0),
         *pair_args,
-        len(pairs), rows, one.BLOCK_WIN, one.SCAN,
+        len(pairs), block, layers, one.run_elements(esize, run_bytes), stream, i32_reach,
+        one.SCAN,
     )
 
 
 def _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
             step_indices2_raw, block_bytes=one.TUNING["block_bytes"],
-            num_warps=one.TUNING["num_warps"]):
+            layers=one.TUNING["layers"], run_bytes=one.TUNING["run_bytes"],
+            stream=one.TUNING["stream"], num_warps=one.TUNING["num_warps"],
+            i32_reach=one.I32_REACH):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     grid, args = _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-                            step_indices2_raw, block_bytes)
+                            step_indices2_raw, block_bytes, layers, run_bytes, stream, i32_reach)
     runtime, constexprs = keyword_constexprs(_scatter_multi_kernel, args)
     kernel[grid](*runtime, **constexprs, num_warps=num_warps)
 

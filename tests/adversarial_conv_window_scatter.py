@@ -8,11 +8,14 @@ Index values: negative, just past each bound, INT32_MAX / INT32_MIN, int64 value
 across the two sets; int32 and int64 index tensors, with and without src_indices_raw, strided
 index views. Windows: overlapping views of a shared buffer whose every element past the view's
 reach is a sentinel that must stay unread and unwritten (the buffer is the view's whole
-storage, so a read past it is a sanitizer error), dims below and above one tile with a partial
-last tile, K-1 of 1, 3 and 6 (a tile's column block partial, whole, repeated), 1-, 2- and
-4-byte elements, more requests than one step of the duplicate-slot scan, no requests, a ``dst``
-whose slot stride skips entries, and the multi-pair op with eight pairs of mixed shapes. Every
-call must leave every ``dst`` equal to the reference.
+storage, so a read past it is a sanitizer error), entries below and above one program's run
+with a partial last run, K-1 of 1, 3 and 6 (runs starting and ending inside a window row),
+1-, 2- and 4-byte elements, more requests than one step of the duplicate-slot scan, no
+requests, a ``dst`` whose slot stride skips entries, and the multi-pair op with eight pairs of
+mixed shapes. The kernel's other tunings (layers per program, load layouts, the int64 path)
+run on the bf16 conv shape. Every call must leave every ``dst`` equal to the reference. Each
+part prints when it is done, so that a run cut short by a time limit still shows how far it
+got without a sanitizer error.
 """
 
 import torch
@@ -30,16 +33,25 @@ def _window(gen, L, spec, draft, dim, km1, dtype):
     return one.window_view(shared.to(dtype), draft, km1)
 
 
-def _one_call(dst, src, slots, steps, rows=None, whole=None) -> None:
-    expected = one.reference(dst, src, slots, steps, rows)
+def _cpu(*tensors):
+    # The references run on CPU copies: on the GPU their many small kernels, each one
+    # instrumented, would take most of a sanitizer run's time.
+    return [None if t is None else t.cpu() for t in tensors]
+
+
+def _one_call(dst, src, slots, steps, rows=None, whole=None, tuning=None) -> None:
+    expected = one.reference(*_cpu(dst, src, slots, steps, rows))
     expected_whole = None
     if whole is not None:
-        expected_whole = whole.clone()
+        expected_whole = whole.cpu()
         expected_whole[:, ::2] = expected
     src_before = bytes(src.untyped_storage().cpu())
-    fused_conv_window_scatter_with_mask(dst, src, slots, steps, rows)
-    assert torch.equal(dst, expected), (tuple(dst.shape), dst.dtype, slots.dtype)
-    assert whole is None or torch.equal(whole, expected_whole)
+    if tuning is None:
+        fused_conv_window_scatter_with_mask(dst, src, slots, steps, rows)
+    else:  # the kernel itself, on metadata the contract accepts
+        one._launch(one._scatter_kernel, dst, src, slots, steps, rows, **tuning)
+    assert torch.equal(dst.cpu(), expected), (tuple(dst.shape), dst.dtype, slots.dtype)
+    assert whole is None or torch.equal(whole.cpu(), expected_whole)
     assert bytes(src.untyped_storage().cpu()) == src_before
 
 
@@ -100,11 +112,31 @@ def _variants(gen) -> int:
     return cases
 
 
+# Tunings other than the default (ops/conv_window_scatter.py TUNING): one layer a program,
+# 8-byte runs streaming, 4-byte runs, the shared-memory exchange, 4 KiB runs of four layers by
+# 8 warps, the int64 path.
+TUNINGS = [{"layers": 1}, {"run_bytes": 8, "stream": True}, {"run_bytes": 4}, {"run_bytes": 0},
+           {"block_bytes": 4096, "layers": 4, "num_warps": 8}, {"i32_reach": 0}]
+
+
+def _tunings(gen) -> int:
+    cases = 0
+    for dim, km1, dtype, n in [(2048, 3, torch.bfloat16, 40)]:
+        L, cache, spec, draft = 3, 9, n, 3
+        src = _window(gen, L, spec, draft, dim, km1, dtype)
+        whole = torch.randn(L, 2 * cache, dim, km1, device="cuda", generator=gen).to(dtype)
+        slots, steps, rows = _random_indices(gen, n, cache, spec, draft)
+        for tuning in TUNINGS:
+            _one_call(whole[:, ::2], src, slots, steps, rows, whole=whole, tuning=tuning)
+            cases += 1
+    return cases
+
+
 def _multi_call(pairs, sets) -> None:
-    expected = multi.reference(pairs, *sets)
+    expected = multi.reference([_cpu(*pair) for pair in pairs], *_cpu(*sets))
     fused_conv_window_scatter_multi(pairs, *sets)
     for (got, _), want in zip(pairs, expected):
-        assert torch.equal(got, want), (tuple(got.shape), got.dtype)
+        assert torch.equal(got.cpu(), want), (tuple(got.shape), got.dtype)
 
 
 def _eight_pairs(gen) -> int:
@@ -124,8 +156,12 @@ def _eight_pairs(gen) -> int:
 
 def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    cases = _rotations(gen) + _variants(gen) + _eight_pairs(gen)
-    torch.cuda.synchronize()
+    cases = 0
+    for part in (_rotations, _tunings, _variants, _eight_pairs):
+        cases += part(gen)
+        torch.cuda.synchronize()
+        print(f"adversarial_conv_window_scatter: {part.__name__[1:]} done, {cases} calls so far",
+              flush=True)
     print(f"adversarial_conv_window_scatter: {cases} calls, all equal to the reference")
 
 

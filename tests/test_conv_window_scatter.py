@@ -132,11 +132,12 @@ def fill(dims: contract.Dims, values: dict, device: str, gen: torch.Generator) -
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
     """Any index values (negative, out of range, near INT32_MAX, duplicate slots), any window
-    width and tile size: the kernel writes exactly what the reference writes, in either
-    program order, and leaves ``src`` (and the rest of its shared buffer) untouched."""
+    width, run length and layers per program, either decoding path: the kernel writes exactly
+    what the reference writes, in either program order, and leaves ``src`` (and the rest of
+    its shared buffer) untouched."""
     dims = data.draw(calls_of.dims(device="cpu"))
     values = calls_of.index_values(data.draw, dims)
-    tuning = data.draw(st.sampled_from([{}, {"block_bytes": 16}, {"block_bytes": 256}]))
+    tuning = data.draw(calls_of.TUNINGS)
     reverse = data.draw(st.booleans())
     args = fill(dims, values, "cpu", torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
     expected = op.reference(**args)
@@ -170,6 +171,23 @@ def test_windows_overlap_as_sglang_lays_them_out():
     op.launch_interpreted(dst, src, slots, steps)
     for i, (slot, step) in enumerate(zip(slots.tolist(), steps.tolist())):
         assert torch.equal(dst[:, slot], shared[:, i, :, step:step + 3])
+
+
+@pytest.mark.parametrize("km1", [1, 2, 3, 4, 5, 7, 1000, 46340, 2**31 - 1])
+def test_division_free_decoding_is_exact_up_to_its_bound(km1):
+    """The kernel's ``e // km1 = umulhi(2e, ceil(2**31 / km1))`` (uint32) for the ``e`` it is
+    used on (``e * km1 < 2**31``): at the ends of the rows next to the bound and everywhere
+    below 2**16. Its 64-bit twin holds for ``e * km1 < 2**63`` the same way."""
+    magic = (2**31 - 1) // km1 + 1
+    bound = (2**31 - 1) // km1 + 1  # e < bound  <=>  e * km1 < 2**31
+    near = {m * km1 + r for m in (bound // km1 - 1, bound // km1)
+            for r in (-2, -1, 0, 1, 2, km1 - 2, km1 - 1)}
+    es = [e for e in near | set(range(min(bound, 2**16))) if 0 <= e < bound]
+    assert all((2 * e * magic) >> 32 == e // km1 for e in es)
+    magic64 = (2**63 - 1) // km1 + 1
+    bound64 = (2**63 - 1) // km1 + 1
+    assert all((2 * e * magic64) >> 64 == e // km1
+               for e in (bound64 - 1, bound64 - km1, bound64 // 2, 12345))
 
 
 @pytest.mark.parametrize("reverse_programs", [False, True])
@@ -244,6 +262,23 @@ def sglang_shapes_inputs(seed: int, layers=4, cache=64, spec=16, draft=4, dim=20
     rows = (torch.randperm(spec, device="cuda", generator=gen).to(torch.int64)
             if src_indices else None)
     return dst, src, slots, steps, rows
+
+
+@gpu
+@pytest.mark.parametrize("tuning", [{"layers": 1}, {"layers": 4}, {"run_bytes": 8},
+                                    {"run_bytes": 4}, {"run_bytes": 0}, {"stream": True},
+                                    {"block_bytes": 4096, "num_warps": 8}, {"i32_reach": 0}])
+@pytest.mark.parametrize("dtype,dim,km1", [(torch.bfloat16, 2048, 3), (torch.float16, 77, 5),
+                                           (torch.int8, 300, 1)])
+def test_gpu_every_tuning_equals_reference(tuning, dtype, dim, km1):
+    """The kernel's other tunings (layers, run widths, the exchange, streaming, 4 KiB runs by
+    8 warps, the int64 path), on entries whose runs are aligned (vector stores) or not,
+    with rejected and out-of-range requests, src rows given."""
+    dst, src, slots, steps, rows = sglang_shapes_inputs(7, dim=dim, km1=km1, dtype=dtype,
+                                                        src_indices=True)
+    expected = op.reference(dst, src, slots, steps, rows)
+    op._launch(op._scatter_kernel, dst, src, slots, steps, rows, **tuning)
+    assert torch.equal(dst, expected)
 
 
 @gpu

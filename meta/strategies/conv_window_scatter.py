@@ -10,12 +10,23 @@ from . import mamba_state_scatter
 
 OP = contract.OP_NAME
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int8)
+# Kernel tunings (``launch_interpreted`` keywords, of this op and the multi-pair op) that the
+# interpreter tests draw: runs shorter than a window row and longer than an entry, one to
+# four layers a program (``dims`` draws 1-3 layers), every load layout (16-, 8- and 2-byte
+# runs a thread, the shared-memory exchange), streaming loads and stores, and the int64 path
+# (an ``i32_reach`` below the small tensors' offsets).
+TUNINGS = st.sampled_from([{}, {"block_bytes": 16, "layers": 1}, {"block_bytes": 256},
+                           {"block_bytes": 64, "layers": 2, "run_bytes": 0},
+                           {"block_bytes": 128, "layers": 4, "run_bytes": 8, "stream": True},
+                           {"block_bytes": 64, "layers": 2, "run_bytes": 2, "i32_reach": 48},
+                           {"block_bytes": 16, "layers": 4, "i32_reach": 0}])
 
 
 @st.composite
 def dims(draw, device: str = "cuda:0") -> contract.Dims:
-    """Valid call dimensions: every size >= 1 (window widths 1-6, so that a tile's column
-    block is partial, whole or repeated), overlapping or contiguous windows, any dtypes."""
+    """Valid call dimensions: every size >= 1 (window widths 1-6, so that a program's run of
+    the entry starts and ends inside a window row or on its edge), overlapping or contiguous
+    windows, any dtypes."""
     return contract.Dims(
         num_layers=draw(st.integers(1, 3)),
         cache_size=draw(st.integers(1, 9)),
