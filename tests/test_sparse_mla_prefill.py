@@ -793,10 +793,12 @@ ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "produ
 @gpu
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 @pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
-                                    {"tr_cols": 128}, {"num_vt": 3}, {"tr_early": False},
+                                    {"tr_cols": 128}, {"num_vt": 3, "tr_early": True},
+                                    {"tr_early": True}, {"o_smem": True},
                                     ONE_TILE, ONE_TILE | {"tr_early": True, "q_async": True}],
                          ids=["default", "blocked-transpose", "producer-transpose", "tr128",
-                              "3-buffers", "late", "one-tile", "one-tile-early-q-async"])
+                              "3-buffers-early", "early", "o-smem", "one-tile",
+                              "one-tile-early-q-async"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
     """The block-pair kernel (``_sparse_mla_hopper``, the op's default on sm_90) on an sm_90 GPU with
     each V transpose: poisoned buffers, invalid indices, empty rows, partial lengths, attn_sink;

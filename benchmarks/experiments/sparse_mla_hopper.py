@@ -8,15 +8,16 @@ Variants (``--kernels``; ``VARIANTS``, the default set in ``DEFAULT``): ``old`` 
 kernel of ``strictops.ops._sparse_mla_gluon``), ``cutlass`` (sglang's original, where
 ``.anchor`` has it built), ``new`` (``strictops.ops._sparse_mla_hopper`` with its ``TUNING``:
 persistent CTAs, the consumers transposing V with ``ldmatrix.trans`` / ``stmatrix``, 64
-columns a load, early where a Vᵀ buffer is free, 232/40 registers), the same with one knob
-changed (``_r224``: 224/56 registers; ``_late``: every transpose after the second P·V;
-``_vt3``: three Vᵀ buffers; ``_tr128``: 128 columns a load; ``_blocked``: the transpose
+columns a load, after the second P·V, 232/40 registers), the same with one knob changed
+(``_r224``: 224/56 registers; ``_early``: the transposes whose Vᵀ buffer is free while the
+second P·V runs; ``_vt3``: three Vᵀ buffers; ``_o_smem``: O stored through shared memory,
+16 bytes a thread; ``_tr128``: 128 columns a load; ``_blocked``: the transpose
 through a blocked layout, ``LDSM`` + ``PRMT`` + ``STS.64``; ``_prod_tr``: the producer
 transposes), ``one_tile`` (one CTA a tile, late transposes, 224/56 registers, Q stored
 before the fork) and its variants (``_r232_early_qasync``: 232/40, early, the consumers copy
 Q with ``cp.async`` after the fork), and the ablations in ``ABLATIONS`` (wrong results,
-timing only, first shape only). Each variant is compiled first, all at once, in processes of
-their own. ``--extra-shapes`` adds ``EXTRA_SHAPES`` to the speed rows.
+timing only, first and third shapes only). Each variant is compiled first, all at once, in
+processes of their own. ``--extra-shapes`` adds ``EXTRA_SHAPES`` to the speed rows.
 
 Without a GPU (``--build``): compiles every variant of ``strictops.ops._sparse_mla_hopper``
 (and ``_sparse_mla_gluon``) for sm_90a with the Triton wheel's ptxas and prints registers,
@@ -65,22 +66,24 @@ SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32",
              "s_kv": "i32", "h_q": "i32", "topk": "i32"}
 
 
-# Diagnostic copies of the kernel (timing only, wrong results): text replacements in its
-# source, and the tuning they run with.
+# Diagnostic copies of the kernel (timing only, wrong results, first and third shapes): text
+# replacements in its source, and the tuning they run with.
 ABLATIONS = {
-    # no V transpose: the consumers publish nothing to Vᵀ (its loads and PRMT go too)
-    "new_no_vt_store": ([("dst.store(gl.reshape(gl.permute(y, _TR_JOIN.value), [2 * J, 32]))",
-                          "pass")], {}),
-    # the same with the producer's blocked transpose
-    "new_no_transpose": ([("vt.index(v).slice(h * 256, 256, dim=0).store(gl.permute(x, (1, 0)))",
-                           "pass")], {"tr_cons": False, "vt_ldsm": False}),
-    # no proxy fence between the wait for a block's copies and the producer's transpose
-    "new_no_prefence": ([("mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)\n            fence_async_shared()",
-                          "mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)")],
-                        {"tr_cons": False}),
     # no gather: every row invalid, so no cp.async copies a byte (softmax of -inf)
     "new_no_gather": ([("return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)",
                         "return idx, (idx >= 0) & (idx < s_kv) & (j < 0)")], {}),
+    # no output store (every element masked off): what the epilogue's stores cost
+    "abl_no_out_store": ([("                 out.to(gl.bfloat16))",
+                           "                 out.to(gl.bfloat16), "
+                           "mask=gl.expand_dims(out_rows < 0, 1))")], {}),
+    # the consumers do not wait for each tile's Q: how long its copy keeps them
+    "abl_no_q_wait": ([("    if Q_ASYNC or PERSISTENT:\n        mbarrier.wait(q_bar, phase)",
+                        "    if Q_ASYNC or PERSISTENT:\n        pass")], {}),
+    # the producer does not wait for the last Q·Kᵀ of a tile before the next tile's Q
+    "abl_no_q_free": ([("            mbarrier.wait(q_free, (t - 1) & 1)", "            pass")],
+                      {}),
+    # the consumers do not wait for each other's row sums at the end of a tile
+    "abl_no_l_wait": ([("    mbarrier.wait(l_bar, phase)", "    pass")], {}),
 }
 # Block-pair variants: tuning overrides of strictops.ops._sparse_mla_hopper.TUNING (persistent
 # CTAs, early transposes, 232/40 registers).
@@ -88,8 +91,10 @@ ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "produ
 VARIANTS = {
     "new": {},
     "new_r224": {"consumer_regs": 224, "producer_regs": 56},
-    "new_late": {"tr_early": False},
-    "new_vt3": {"num_vt": 3},
+    "new_early": {"tr_early": True},
+    "new_vt3_early": {"num_vt": 3, "tr_early": True},
+    "new_o_smem": {"o_smem": True},
+    "new_vt3_early_o_smem": {"num_vt": 3, "tr_early": True, "o_smem": True},
     "new_tr128": {"tr_cols": 128},
     "new_blocked": {"vt_ldsm": False},
     "new_prod_tr": {"tr_cons": False, "consumer_regs": 224, "producer_regs": 56},
@@ -102,8 +107,7 @@ VARIANTS = {
     "one_tile_tr128": ONE_TILE | {"tr_cols": 128},
     "one_tile_blocked": ONE_TILE | {"vt_ldsm": False},
 }
-DEFAULT = ["cutlass", "new", "new_r224", "new_late", "new_vt3", "one_tile",
-           "one_tile_r232_early_qasync"]
+DEFAULT = ["cutlass", "new", "new_early", "new_vt3_early", "new_o_smem", "one_tile"]
 # Shapes that tell the costs apart (``--extra-shapes``, speed on unit data only): heads,
 # d_qk and topk one at a time from the third benchmark shape, where tiles are shortest.
 EXTRA_SHAPES = [
@@ -397,7 +401,7 @@ def run_gpu(out_dir: Path, names=None, extra_shapes: bool = False) -> None:
         for data_name, a in data.items():
             expected = m.reference(**{k: a[k] for k in m.INPUTS}) if full else None
             for name, (module, tuning) in variants.items():
-                if name in ABLATIONS and shape != SHAPES[0]:
+                if name in ABLATIONS and shape not in (SHAPES[0], SHAPES[2]):
                     continue
                 try:
                     outputs = _call(module, tuning, a)
