@@ -33,16 +33,20 @@ Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with t
   and each consumer rescales its O to ``m0`` before the first P·V of a pair and to ``m1``
   before the second. The second P·V of pair ``p`` is issued with the Q·Kᵀ of pair ``p + 1``.
 - V transpose (``TR_CONS``): each consumer transposes its own half of V of both blocks of a
-  pair into ``vt[b % NUM_VT]`` (block ``b``) while its Q·Kᵀ runs; otherwise the producer transposes block
-  ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``. With ``TR_EARLY`` a
-  consumer transposes the blocks whose buffer the second P·V of pair ``p - 1`` does not read
-  while it runs (block ``2p`` with two buffers, both with three), the rest after it. With ``VT_LDSM`` it reads
-  V as 16-bit words with ``ldmatrix.trans``, swaps bytes between row pairs (2 ``prmt`` per 8
-  bytes) and writes with ``stmatrix``, which puts row ``n``, column ``d`` of V at row ``ρ(d)``,
-  column ``σ(n)`` of Vᵀ (bit permutations that keep both free of bank conflicts); P is stored
-  with its columns in σ order and the output columns of O are read in ρ order
-  (``_sparse_mla_transpose``). Otherwise a blocked layout (``LDSM``, ``PRMT``, ``STS.64``) writes
-  ``Vᵀ[d][n]``.
+  pair into ``vt[b % NUM_VT]`` (block ``b``) while its Q·Kᵀ runs; otherwise the producer
+  transposes block ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``. With
+  ``TR_EARLY`` a consumer transposes the blocks whose buffer the second P·V of pair ``p - 1``
+  does not read while it runs (block ``2p`` with two buffers, both with three), the rest
+  after it. With ``VT_LDSM`` it reads V as 16-bit words with ``ldmatrix.trans``, swaps bytes
+  between row pairs (2 ``prmt`` per 8 bytes) and writes with ``stmatrix``, which puts row
+  ``n``, column ``d`` of V at row ``ρ(d)``, column ``σ(n)`` of Vᵀ (bit permutations that keep
+  both free of bank conflicts); P is stored with its columns in σ order and the output
+  columns of O are read in ρ order (``_sparse_mla_transpose``). Otherwise a blocked layout
+  (``LDSM``, ``PRMT``, ``STS.64``) writes ``Vᵀ[d][n]``.
+- O (``O_SMEM``): each consumer writes its bf16 O [64, 256] into its own halves of the first
+  two Vᵀ buffers (free from its last P·V of a tile to its next transposes) and stores whole
+  rows from there, 16 bytes a thread; otherwise it stores 4 bytes a thread from the wgmma
+  layout (a sixth of the time at topk 512: ``docs/design/sparse_mla_prefill.md``).
 
 Softmax arithmetic is in base 2: ``t = s * scale * log2(e) + bias`` (one FFMA), ``P =
 2^(t - m + 8)``; the row sums ``l`` (fp32, over the unrounded P) carry the same 2⁸, so ``lse =
@@ -97,11 +101,12 @@ D_V = 512
 # 3 stages do not fit beside Q, Vᵀ and P at d_qk = 576; the consumers transpose V with
 # ldmatrix.trans / stmatrix (the blocked transpose, the producer's and 128 columns a load
 # measured slower); persistent CTAs, transposes after the second P·V (early ones measured
-# slower), 232/40 registers (setmaxnreg obeys 2 * consumer + producer <= 3 * max). Every knob
-# and its measurement: docs/design/sparse_mla_prefill.md
+# slower), O stored through shared memory 16 bytes a thread (4-byte stores from the wgmma
+# layout cost a sixth of the time at topk 512), 232/40 registers (setmaxnreg obeys 2 * consumer
+# + producer <= 3 * max). Every knob and its measurement: docs/design/sparse_mla_prefill.md
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
           "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": True,
-          "o_smem": False, "consumer_regs": 232, "producer_regs": 40, "max_regs": 168}
+          "o_smem": True, "consumer_regs": 232, "producer_regs": 40, "max_regs": 168}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -508,6 +513,8 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
                                        NUM_STAGES, NUM_VT, TR_CONS, VT_LDSM)
     pv = _issue_pv2(C, P0 + n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
     acc = warpgroup_mma_wait(0, deps=(pv, ))
+    if not TR_CONS:  # the producer transposes the next tile's blocks into this buffer
+        mbarrier.arrive(vt_free.index(2 * ((2 * (P0 + n_pairs) - 1) % NUM_VT) + C))
 
     lsum.index(C).store(l_i)
     gl.thread_barrier()
@@ -719,7 +726,8 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
                 HAS_ERRORS=has_errors, NUM_STAGES=t["num_stages"], NUM_VT=t["num_vt"],
                 LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"], VT_LDSM=t["vt_ldsm"],
                 TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"] and not t["persistent"],
-                PERSISTENT=t["persistent"], O_SMEM=t["o_smem"],
+                PERSISTENT=t["persistent"],
+                O_SMEM=t["o_smem"] and t["tr_cons"],  # through the consumers' Vᵀ halves
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
 
 

@@ -651,8 +651,11 @@ def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tu
     transposes = 8 * (2 * 2 * 2 if tr_cons else 2)
     ldsm_t = ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16")
     assert ldsm_t == (transposes if vt_ldsm else 0)
+    # O through shared memory (with the consumers' transposes): 16 per consumer.
+    o_stores = 2 * 16 if tr_cons and tuning.get("o_smem", hopper.TUNING["o_smem"]) else 0
     if vt_ldsm:
-        assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == transposes + 2 * 2 * 2
+        assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == (
+            transposes + 2 * 2 * 2 + o_stores)
         assert ptx.count("prmt.b32") == ptx.count("0x6420") + ptx.count("0x7531") == 4 * ldsm_t
 
 
@@ -794,14 +797,14 @@ ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "produ
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 @pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
                                     {"tr_cols": 128}, {"num_vt": 3, "tr_early": True},
-                                    {"tr_early": True}, {"o_smem": True},
+                                    {"tr_early": True}, {"o_smem": False},
                                     ONE_TILE, ONE_TILE | {"tr_early": True, "q_async": True}],
                          ids=["default", "blocked-transpose", "producer-transpose", "tr128",
-                              "3-buffers-early", "early", "o-smem", "one-tile",
+                              "3-buffers-early", "early", "o-global", "one-tile",
                               "one-tile-early-q-async"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
-    """The block-pair kernel (``_sparse_mla_hopper``, the op's default on sm_90) on an sm_90 GPU with
-    each V transpose: poisoned buffers, invalid indices, empty rows, partial lengths, attn_sink;
+    """The block-pair kernel (``_sparse_mla_hopper``, the op's default on sm_90) on an sm_90 GPU
+    with each V transpose and store of O: poisoned buffers, invalid indices, empty rows, partial lengths, attn_sink;
     within the GPU bounds of float64 (its P·V in FP8 costs accuracy), nothing counted."""
     if op._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the block-pair kernel needs Gluon and an sm_90 GPU")

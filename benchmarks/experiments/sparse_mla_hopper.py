@@ -8,12 +8,12 @@ Variants (``--kernels``; ``VARIANTS``, the default set in ``DEFAULT``): ``old`` 
 kernel of ``strictops.ops._sparse_mla_gluon``), ``cutlass`` (sglang's original, where
 ``.anchor`` has it built), ``new`` (``strictops.ops._sparse_mla_hopper`` with its ``TUNING``:
 persistent CTAs, the consumers transposing V with ``ldmatrix.trans`` / ``stmatrix``, 64
-columns a load, after the second P·V, 232/40 registers), the same with one knob changed
-(``_r224``: 224/56 registers; ``_early``: the transposes whose Vᵀ buffer is free while the
-second P·V runs; ``_vt3``: three Vᵀ buffers; ``_o_smem``: O stored through shared memory,
-16 bytes a thread; ``_tr128``: 128 columns a load; ``_blocked``: the transpose
-through a blocked layout, ``LDSM`` + ``PRMT`` + ``STS.64``; ``_prod_tr``: the producer
-transposes), ``one_tile`` (one CTA a tile, late transposes, 224/56 registers, Q stored
+columns a load, after the second P·V, O through shared memory, 232/40 registers), the same
+with one knob changed (``_r224``: 224/56 registers; ``_early``: the transposes whose Vᵀ
+buffer is free while the second P·V runs; ``_vt3``: three Vᵀ buffers; ``_o_global``: O
+stored straight from the wgmma layout, 4 bytes a thread; ``_tr128``: 128 columns a load;
+``_blocked``: the transpose through a blocked layout, ``LDSM`` + ``PRMT`` + ``STS.64``;
+``_prod_tr``: the producer transposes), ``one_tile`` (one CTA a tile, late transposes, 224/56 registers, Q stored
 before the fork) and its variants (``_r232_early_qasync``: 232/40, early, the consumers copy
 Q with ``cp.async`` after the fork), and the ablations in ``ABLATIONS`` (wrong results,
 timing only, first and third shapes only). Each variant is compiled first, all at once, in
@@ -93,8 +93,7 @@ VARIANTS = {
     "new_r224": {"consumer_regs": 224, "producer_regs": 56},
     "new_early": {"tr_early": True},
     "new_vt3_early": {"num_vt": 3, "tr_early": True},
-    "new_o_smem": {"o_smem": True},
-    "new_vt3_early_o_smem": {"num_vt": 3, "tr_early": True, "o_smem": True},
+    "new_o_global": {"o_smem": False},
     "new_tr128": {"tr_cols": 128},
     "new_blocked": {"vt_ldsm": False},
     "new_prod_tr": {"tr_cons": False, "consumer_regs": 224, "producer_regs": 56},
@@ -107,7 +106,7 @@ VARIANTS = {
     "one_tile_tr128": ONE_TILE | {"tr_cols": 128},
     "one_tile_blocked": ONE_TILE | {"vt_ldsm": False},
 }
-DEFAULT = ["cutlass", "new", "new_early", "new_vt3_early", "new_o_smem", "one_tile"]
+DEFAULT = ["cutlass", "new", "new_early", "new_vt3_early", "new_o_global", "one_tile"]
 # Shapes that tell the costs apart (``--extra-shapes``, speed on unit data only): heads,
 # d_qk and topk one at a time from the third benchmark shape, where tiles are shortest.
 EXTRA_SHAPES = [
