@@ -275,8 +275,9 @@ class CachedValidation:
     ``validation(*args)`` (the op's arguments in the order of ``names``) does what
     ``contract.validate(**dict(zip(names, args)))`` does, raising the same error with the same
     message. The signature of a call holds, for each argument, the class, layout, shape,
-    strides, storage offset, dtype and device of a tensor, or the type and value of anything
-    else (``None`` included). A call whose signature passed before skips the rows that read
+    strides, storage offset, dtype and device of a tensor, the class and each item's signature
+    of a list or tuple (a list of tensor pairs), or the type and value of anything else
+    (``None`` included). A call whose signature passed before skips the rows that read
     only metadata, which a change of any of those pieces could break, and still runs every
     ``reads_values`` and ``reads_memory`` row, except those whose ``only_with`` arguments are
     all ``None`` in the signature (they hold). A failing call is never cached; nor a call
@@ -344,11 +345,27 @@ def _signature_function(names: tuple[str, ...]) -> Callable[..., tuple]:
     parts = ", ".join(
         f"(None if {n} is None else ({n}.__class__, {n}.layout, {n}.shape, {n}.stride(), "
         f"{n}.storage_offset(), {n}.dtype, {n}.device) if isinstance({n}, Tensor) "
-        f"else ({n}.__class__, {n}))" for n in names)
+        f"else sequence({n}) if {n}.__class__ in SEQUENCES else ({n}.__class__, {n}))"
+        for n in names)
     source = f"def signature({', '.join(names)}):\n    return ({parts},)\n"
-    namespace = {"Tensor": torch.Tensor}
+    namespace = {"Tensor": torch.Tensor, "SEQUENCES": _SEQUENCES,
+                 "sequence": _sequence_signature}
     exec(source, namespace)  # noqa: S102 - the names are the op's own argument names
     return namespace["signature"]
+
+
+_SEQUENCES = (list, tuple)
+
+
+def _sequence_signature(items) -> tuple:
+    """The signature of a list or tuple argument: its class and each item's, a tensor's as in
+    :class:`CachedValidation`, a list's or tuple's likewise, anything else its class and
+    value."""
+    return (items.__class__, tuple(
+        (x.__class__, x.layout, x.shape, x.stride(), x.storage_offset(), x.dtype, x.device)
+        if isinstance(x, torch.Tensor)
+        else _sequence_signature(x) if x.__class__ in _SEQUENCES else (x.__class__, x)
+        for x in items))
 
 
 def _lazy_message(c: Check, args: Mapping[str, Any]) -> Callable[[], str]:

@@ -145,6 +145,12 @@ CONTRACT = Contract(op=f"strictops::{OP_NAME}", stem="conv_window_scatter_multi"
                     mutates=("dsts",))
 
 
+# The validation's arguments, in order (the eager path's cached verdict,
+# strictops.meta._contract.CachedValidation).
+ARGUMENTS = ("pairs", "dst_indices_raw", "step_indices_raw", "dst_indices2_raw",
+             "step_indices2_raw")
+
+
 def validate(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None,
              step_indices2_raw=None) -> None:
     """Run the contract on real, fake or symbolic tensors; raise the first broken rule."""

@@ -43,29 +43,39 @@ class OffsetSpec(TensorSpec):
         return base.as_strided(self.shape, self.strides, self.offset)
 
 
+def _tensor_mutations(name: str, s: TensorSpec):
+    """``(what, spec)`` pairs: the tensor ``s`` with one piece of its metadata changed (or
+    None)."""
+    devices = ["cpu", "cuda:1" if CAN_NAME_SECOND_GPU else "cuda:0"]
+    for dim in range(len(s.shape)):
+        grown = tuple(n + 1 if i == dim else n for i, n in enumerate(s.shape))
+        yield f"{name}.shape[{dim}]", TensorSpec(grown, s.dtype, s.device)
+        yield f"{name}.stride({dim})", TensorSpec(s.shape, s.dtype, s.device).with_gap(dim)
+    for dtype in OTHER_DTYPES:
+        if dtype != s.dtype:
+            yield f"{name}.dtype={dtype}", TensorSpec(s.shape, dtype, s.device)
+    for device in devices:
+        if device != s.device:
+            yield f"{name}.device={device}", TensorSpec(s.shape, s.dtype, device)
+    for offset in (1, 256):
+        yield f"{name}.storage_offset={offset}", OffsetSpec(s.shape, s.dtype, s.device,
+                                                            offset=offset)
+    yield f"{name}=None", None
+
+
 def _mutations(spec: dict):
     """``(what, spec)`` pairs, each ``spec`` with one piece of metadata of one argument
-    changed."""
-    devices = ["cpu", "cuda:1" if CAN_NAME_SECOND_GPU else "cuda:0"]
+    changed: of a tensor, of a scalar, or of one tensor of a list of tensor pairs."""
     for name, s in spec.items():
         if isinstance(s, TensorSpec):
-            for dim in range(len(s.shape)):
-                grown = tuple(n + 1 if i == dim else n for i, n in enumerate(s.shape))
-                yield f"{name}.shape[{dim}]", {**spec, name: TensorSpec(grown, s.dtype, s.device)}
-                yield f"{name}.stride({dim})", {**spec, name: TensorSpec(
-                    s.shape, s.dtype, s.device).with_gap(dim)}
-            for dtype in OTHER_DTYPES:
-                if dtype != s.dtype:
-                    yield f"{name}.dtype={dtype}", {**spec, name: TensorSpec(s.shape, dtype,
-                                                                             s.device)}
-            for device in devices:
-                if device != s.device:
-                    yield f"{name}.device={device}", {**spec, name: TensorSpec(
-                        s.shape, s.dtype, device)}
-            for offset in (1, 256):
-                yield f"{name}.storage_offset={offset}", {**spec, name: OffsetSpec(
-                    s.shape, s.dtype, s.device, offset=offset)}
-            yield f"{name}=None", {**spec, name: None}
+            for what, changed in _tensor_mutations(name, s):
+                yield what, {**spec, name: changed}
+        elif isinstance(s, list):  # pairs of tensors
+            for i, pair in enumerate(s):
+                for j, t in enumerate(pair):
+                    for what, changed in _tensor_mutations(f"{name}[{i}][{j}]", t):
+                        new_pair = tuple(changed if k == j else u for k, u in enumerate(pair))
+                        yield what, {**spec, name: [*s[:i], new_pair, *s[i + 1:]]}
         elif s is None:
             yield f"{name}=tensor", {**spec, name: TensorSpec((1,), torch.int32, "cuda:0")}
         elif isinstance(s, (int, float)) and not isinstance(s, bool):
@@ -98,8 +108,8 @@ def _full_spec(call: Call) -> dict:
 
 
 # The ops whose eager path caches its contract's verdict: their contract module names the
-# validation's arguments (``ARGUMENTS``). An op taking a list of tensors (the multi-pair conv
-# window scatter) runs its whole contract on every call.
+# validation's arguments (``ARGUMENTS``); every public op, the multi-pair conv window scatter
+# (a list of tensor pairs) included.
 CACHED_OPS = tuple(op for op in strategies.OPS
                    if hasattr(strategies.MODULES[op].contract, "ARGUMENTS"))
 
@@ -201,10 +211,15 @@ def test_unhashable_or_odd_arguments_are_validated_in_full():
     contract = Contract(op="strictops::toy", stem="toy", checks=(
         Check("small", lambda a: len(a.x) < 3, lambda **_: "x must be short"),))
     validation = CachedValidation(contract, ("x",))
-    validation([1, 2])  # a list: no signature, validated in full, not cached
+    validation({1, 2})  # a set: no signature (unhashable), validated in full, not cached
+    with pytest.raises(ValueError, match="x must be short"):
+        validation({1, 2, 3})
+    assert not validation.passed
+    validation([1, 2])  # a list: its signature holds each item
     with pytest.raises(ValueError, match="x must be short"):
         validation([1, 2, 3])
-    assert not validation.passed
+    validation((1, 2))  # a tuple of the same items: another signature
+    assert len(validation.passed) == 2
     dtype_only = Contract(op="strictops::toy", stem="toy", checks=_toy_contract().checks[:1])
     validation = CachedValidation(dtype_only, ("x",))
     dense = torch.zeros(1).expand(3, 3)  # strides (0, 0), as a sparse tensor reports
