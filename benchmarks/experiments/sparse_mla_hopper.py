@@ -92,6 +92,7 @@ VARIANTS = {
     "new": {},
     "new_r224": {"consumer_regs": 224, "producer_regs": 56},
     "new_early": {"tr_early": True},
+    "new_vt3": {"num_vt": 3},
     "new_vt3_early": {"num_vt": 3, "tr_early": True},
     "new_o_global": {"o_smem": False},
     "new_tr128": {"tr_cols": 128},
@@ -106,7 +107,7 @@ VARIANTS = {
     "one_tile_tr128": ONE_TILE | {"tr_cols": 128},
     "one_tile_blocked": ONE_TILE | {"vt_ldsm": False},
 }
-DEFAULT = ["cutlass", "new", "new_early", "new_vt3_early", "new_o_global", "one_tile"]
+DEFAULT = ["cutlass", "new", "new_vt3", "new_vt3_early", "new_o_global", "one_tile"]
 # Shapes that tell the costs apart (``--extra-shapes``, speed on unit data only): heads,
 # d_qk and topk one at a time from the third benchmark shape, where tiles are shortest.
 EXTRA_SHAPES = [
