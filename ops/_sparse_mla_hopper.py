@@ -15,9 +15,10 @@ the consumers finish the last one).
 Q is copied into shared memory before the fork (through registers), or with ``Q_ASYNC`` by the
 consumers after it (``cp.async``, half the heads each, published by ``q_bar``), so that the
 producer starts gathering at once. With ``PERSISTENT`` the producer copies each tile's Q
-(``cp.async``) after the tile's first block, as soon as the consumers' last Q·Kᵀ of the tile
-before has completed, so that it lands while they finish that tile.
-Three warpgroups (12 warps), one CTA per SM (183-196 KiB of shared memory with the defaults):
+(``cp.async``) after the copies of the tile's first indices, as soon as the consumers' last
+Q·Kᵀ of the tile before has completed, so that it lands while they finish that tile.
+Three warpgroups (12 warps), one CTA per SM (184,432 / 196,720 bytes of shared memory at
+``D_QK`` 512 / 576 with the defaults):
 
 - the producer gathers KV block ``i`` (64 selected rows, ``D_QK`` bytes each) with ``cp.async``
   into stage ``i % NUM_STAGES``: invalid indices copy nothing (the row is zero-filled) and get
@@ -175,8 +176,8 @@ def _produce(kv_ptr, indices_ptr, q_ptr, token, n_rows, s_kv, h_q, topk, head0, 
     """Gather block ``i`` into stage ``(base + i) % NUM_STAGES``, then transpose block ``i -
     LAG``'s V; ``base`` blocks went before (earlier tiles). Returns ``base`` plus this tile's
     blocks. With ``PERSISTENT`` this is the CTA's tile ``t`` (heads from ``head0``): its Q is
-    copied after block 0's rows, once ``q_free`` says that the consumers' Q·Kᵀ of tile ``t -
-    1`` have completed (the copy lands while they finish that tile).
+    copied after the copies of its first indices, once ``q_free`` says that the consumers'
+    Q·Kᵀ of tile ``t - 1`` have completed (the copy lands while they finish that tile).
 
     The indices travel through ``idx_smem`` (4 slots), copied two blocks ahead with
     ``cp.async``: a register prefetch would be moved into the loop-carried register at once,
