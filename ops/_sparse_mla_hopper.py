@@ -128,6 +128,14 @@ def _load_indices(idx_smem, index_row, i, base, topk, layout: gl.constexpr):
 
 
 @gluon.jit
+def _tile_of(tile, h_q):
+    """Tile ``tile``'s token (int64) and head block: 64 heads of one token, ``h_q // 64``
+    tiles a token."""
+    head_blocks = h_q // _BLOCK_H
+    return (tile // head_blocks).to(gl.int64), tile % head_blocks
+
+
+@gluon.jit
 def _valid_rows(idx_smem, i, base, n_rows, s_kv, layout: gl.constexpr):
     """Block ``i``'s indices from ``idx_smem`` in ``layout`` and whether each is valid."""
     idx = idx_smem.index((base + i) % 4).load(layout)
@@ -147,15 +155,14 @@ def _producer(kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, q_ptr, token, n_
     num_programs``, ... below ``n_tiles`` (it counts each tile's ``topk_length`` errors, and
     copies each tile's Q)."""
     if PERSISTENT:
-        head_blocks = h_q // _BLOCK_H
         base = 0
         t = 0
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            tile_token = (tile // head_blocks).to(gl.int64)
-            rows = rows_to_attend(topk_length_ptr, errors_ptr, tile_token, topk,
-                                  tile % head_blocks, HAS_TOPK_LENGTH, HAS_ERRORS)
+            tile_token, head_block = _tile_of(tile, h_q)
+            rows = rows_to_attend(topk_length_ptr, errors_ptr, tile_token, topk, head_block,
+                                  HAS_TOPK_LENGTH, HAS_ERRORS)
             base = _produce(kv_ptr, indices_ptr, q_ptr, tile_token, rows, s_kv, h_q, topk,
-                            (tile % head_blocks) * _BLOCK_H, t, q_nope, q_rope, k_nope, k_rope,
+                            head_block * _BLOCK_H, t, q_nope, q_rope, k_nope, k_rope,
                             vt, bias, idx_smem, k_ready, k_free, vt_ready, vt_free, q_bar,
                             q_free, base, D_QK, NUM_STAGES, NUM_VT, LAG, TR_CONS, TR_COLS,
                             VT_LDSM, True)
@@ -415,15 +422,14 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
     num_programs``, ... below ``n_tiles``: pair numbers and barrier phases run on across
     tiles."""
     if PERSISTENT:
-        head_blocks = h_q // _BLOCK_H
         pairs = 0
         t = 0
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            tile_token = (tile // head_blocks).to(gl.int64)
+            tile_token, head_block = _tile_of(tile, h_q)
             rows = rows_to_attend(topk_length_ptr, topk_length_ptr, tile_token, topk, 0,
                                   HAS_TOPK_LENGTH, False)
             _consumer_tile(C, pairs, t & 1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
-                           tile_token, (tile % head_blocks) * _BLOCK_H, h_q, rows, scale_log2,
+                           tile_token, head_block * _BLOCK_H, h_q, rows, scale_log2,
                            kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem,
                            mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
                            q_bar, q_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
