@@ -1,9 +1,9 @@
 """The three launch paths of an op whose body validates its arguments and launches one Triton
-kernel on them (the Mamba state scatter, the conv-window scatter).
+kernel on them (the Mamba state scatter, the conv-window scatter and its multi-pair form).
 
 - :func:`KernelPath.launch`: ``kernel[grid]`` with a JIT, wrapped (traced) or interpreted
   kernel, the grid and arguments from the op's ``arguments`` function, tuning passed to it;
-- :func:`KernelPath.forward`: the contract in full, then that launch (on the first tensor's
+- :func:`KernelPath.forward`: the contract in full, then that launch (on the launch tensor's
   device when the launch is real): the op's body, also its fake;
 - :func:`KernelPath.eager`: a plain eager call's path, the contract's verdict cached per
   metadata signature and the launch through the cached launcher, with the same rules and the
@@ -12,6 +12,7 @@ kernel on them (the Mamba state scatter, the conv-window scatter).
 
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 from strictops.meta._contract import CachedValidation, Contract
@@ -24,15 +25,18 @@ __all__ = ["KernelPath"]
 
 class KernelPath:
     """The launch paths of ``jit_fn`` for an op with ``contract`` (its arguments named
-    ``names``, the first one a tensor on the launch device): ``arguments(*op_args, **tuning)``
-    returns the grid and every kernel parameter in signature order, on validated inputs."""
+    ``names``): ``arguments(*op_args, **tuning)`` returns the grid and every kernel parameter
+    in signature order, on validated inputs; ``launch_tensor(op_args)`` the tensor on whose
+    device the kernel runs (by default the first argument)."""
 
     def __init__(self, jit_fn, contract: Contract, names: tuple[str, ...],
-                 arguments: Callable, num_warps: int) -> None:
+                 arguments: Callable, num_warps: int,
+                 launch_tensor: Callable = operator.itemgetter(0)) -> None:
         self.jit_fn = jit_fn
         self.contract = contract
         self.arguments = arguments
         self.num_warps = num_warps
+        self.launch_tensor = launch_tensor
         self.validation = CachedValidation(contract, names)
         self.launcher = Launcher(jit_fn)
         self.options = (("num_warps", num_warps),)
@@ -46,20 +50,21 @@ class KernelPath:
                      num_warps=self.num_warps if num_warps is None else num_warps)
 
     def forward(self, kernel, real_launch: bool, *args) -> None:
-        """Validate in full, then launch (on ``args[0]``'s device when the launch is real)."""
+        """Validate in full, then launch (on the launch tensor's device when the launch is
+        real)."""
         self.contract.validate(**dict(zip(self.validation.names, args)))
-        with on_device_of(args[0], real_launch):
+        with on_device_of(self.launch_tensor(args), real_launch):
             self.launch(kernel, *args)
 
     def _eager_function(self):
         # A closure: the hot path reads no attribute of ``self``.
-        validation, arguments, launcher, options = (self.validation, self.arguments,
-                                                    self.launcher, self.options)
+        validation, arguments, launcher, options, launch_tensor = (
+            self.validation, self.arguments, self.launcher, self.options, self.launch_tensor)
 
         def eager(*args) -> None:
             """The plain eager call: the cached verdict, then the cached launch."""
             validation(*args)
             grid, parameters = arguments(*args)
-            launcher(grid, parameters, options, args[0].get_device())
+            launcher(grid, parameters, options, launch_tensor(args).get_device())
 
         return eager

@@ -33,12 +33,11 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import conv_window_scatter_multi as contract
-from strictops.meta._contract import CachedValidation
 
 from . import conv_window_scatter as one
-from ._dispatch import can_skip_dispatcher, on_device_of
+from ._dispatch import can_skip_dispatcher
 from ._interpret import interpreted
-from ._launcher import Launcher, keyword_constexprs
+from ._kernel_path import KernelPath
 from .conv_window_scatter import copy_window, request_is_valid, written_later
 
 __all__ = [
@@ -180,41 +179,19 @@ def _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_
     )
 
 
-def _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-            step_indices2_raw, block_bytes=one.TUNING["block_bytes"],
-            layers=one.TUNING["layers"], run_bytes=one.TUNING["run_bytes"],
-            stream=one.TUNING["stream"], num_warps=one.TUNING["num_warps"],
-            i32_reach=one.I32_REACH):
-    """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
-    grid, args = _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-                            step_indices2_raw, block_bytes, layers, run_bytes, stream, i32_reach)
-    runtime, constexprs = keyword_constexprs(_scatter_multi_kernel, args)
-    kernel[grid](*runtime, **constexprs, num_warps=num_warps)
+def _first_dst(args):
+    """The tensor the launch runs on the device of: the first pair's ``dst``."""
+    return args[0][0][0]
 
 
-def _forward(kernel, real_launch, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-             step_indices2_raw):
-    """Validate, then launch (on the pairs' device when the launch is real)."""
-    contract.validate(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-                      step_indices2_raw)
-    with on_device_of(pairs[0][0], real_launch):
-        _launch(kernel, pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-                step_indices2_raw)
-
-
-# The eager path: the contract's verdict cached per metadata signature (each pair's tensors'
-# metadata in order; strictops.meta._contract.CachedValidation, whose storage-reach rows run on
-# every call) and the kernel launched through its cached launcher (strictops.ops._launcher).
-_VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
-_LAUNCHER = Launcher(_scatter_multi_kernel)
-_OPTIONS = (("num_warps", one.TUNING["num_warps"]),)
-
-
-def _eager(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw):
-    _VALIDATION(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw)
-    grid, args = _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
-                            step_indices2_raw)
-    _LAUNCHER(grid, args, _OPTIONS, pairs[0][0].get_device())
+# The launch paths (strictops.ops._kernel_path), as the one-pair op's: the op's body (also its
+# fake) validates in full and launches through ``kernel[grid]``; a plain eager call takes the
+# contract's verdict cached per metadata signature (each pair's tensors' metadata in order; the
+# storage-reach rows run on every call) and the cached launcher.
+_PATH = KernelPath(_scatter_multi_kernel, contract.CONTRACT, contract.ARGUMENTS, _arguments,
+                   one.TUNING["num_warps"], _first_dst)
+_launch, _forward, _eager = _PATH.launch, _PATH.forward, _PATH.eager
+_VALIDATION, _LAUNCHER, _OPTIONS = _PATH.validation, _PATH.launcher, _PATH.options
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
