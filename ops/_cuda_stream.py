@@ -9,6 +9,7 @@ captured in a CUDA graph.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
@@ -72,3 +73,14 @@ def relax_capture_mode() -> None:
     driver = _driver()
     relaxed = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
     _check(driver.cuThreadExchangeStreamCaptureMode(relaxed), "cuThreadExchangeStreamCaptureMode")
+
+
+def relax_capture_mode_or_warn(logger: logging.Logger, who: str) -> None:
+    """:func:`relax_capture_mode` for a background thread ``who`` (e.g. ``"x pool recycler"``);
+    where it fails (no cuda-bindings, a driver error) the thread goes on, and ``logger`` warns
+    that a CUDA graph captured meanwhile in another thread in the global mode may fail."""
+    try:
+        relax_capture_mode()
+    except Exception:
+        logger.warning("%s: capture mode not relaxed; a CUDA graph captured in another thread "
+                       "of this process in the global mode may fail", who, exc_info=True)

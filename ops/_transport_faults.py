@@ -85,7 +85,8 @@ def default_timeout(configured: Optional[float]) -> float:
 
 def process_start(pid: int) -> Optional[int]:
     """The start time of process ``pid`` (clock ticks since boot, ``/proc/<pid>/stat``), or
-    None when it is gone, a zombie or exiting. Without ``/proc``: 0 while ``kill(pid, 0)`` succeeds."""
+    None when it is gone, a zombie or exiting. Without ``/proc``: 0 while ``kill(pid, 0)``
+    succeeds."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -416,11 +417,7 @@ class WaitWatchdog:
         if self.words.is_cuda:
             torch.cuda.set_device(self.words.device)
             # A pass syncs its stream: allowed during another thread's graph capture only so.
-            try:
-                _cuda_stream.relax_capture_mode()
-            except Exception:  # the passes still run; a capture meanwhile may fail
-                logger.warning("%s consumer watchdog: capture mode not relaxed", self.name,
-                               exc_info=True)
+            _cuda_stream.relax_capture_mode_or_warn(logger, f"{self.name} consumer watchdog")
         while True:
             with self._cond:
                 while not self._closed and self._pending and (

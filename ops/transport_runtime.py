@@ -493,12 +493,7 @@ class TransportPool:
         torch.cuda.set_device(self.device)
         # Each pass copies the control words to the host and waits: allowed while the
         # producer's thread captures a CUDA graph (a publish) only in the relaxed mode.
-        try:
-            _cuda_stream.relax_capture_mode()
-        except ImportError:
-            logger.warning("%s pool recycler: without cuda-bindings, a CUDA graph captured in "
-                           "another thread of this process in the global mode may fail",
-                           self.name)
+        _cuda_stream.relax_capture_mode_or_warn(logger, f"{self.name} pool recycler")
         while not self._stop.is_set():
             try:
                 self.recycle()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import math
 import os
 import signal
@@ -488,6 +489,26 @@ def test_the_recycler_thread_relaxes_its_capture_mode_before_its_first_pass(monk
     thread.join(10)
     assert [kind for kind, _ in events] == ["relax", "pass"]
     assert events[0][1] == events[1][1] == thread.ident
+
+
+def test_a_recycler_whose_capture_mode_cannot_be_relaxed_still_recycles(monkeypatch, caplog):
+    """A driver error (not only missing cuda-bindings) while relaxing the capture mode is
+    logged, and the recycler's thread goes on to its passes."""
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+
+    def refuse():
+        raise RuntimeError("cuThreadExchangeStreamCaptureMode failed")
+
+    monkeypatch.setattr(_cuda_stream, "relax_capture_mode", refuse)
+    stop = threading.Event()
+    pool = types.SimpleNamespace(device=torch.device("cuda", 0), name="CUDA IPC", _stop=stop,
+                                 recycle=stop.set)
+    thread = threading.Thread(target=TransportPool._recycle_loop, args=(pool, 0.001))
+    with caplog.at_level(logging.WARNING):
+        thread.start()
+        thread.join(10)
+    assert stop.is_set()
+    assert "CUDA IPC pool recycler: capture mode not relaxed" in caplog.text
 
 
 def test_the_watchdog_thread_relaxes_its_capture_mode(monkeypatch):
