@@ -24,7 +24,6 @@ three ``torch.empty``), and the original transport publish (``copy_`` into the l
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -39,9 +38,9 @@ from strictops.ops import (
 )
 from strictops.ops import sparse_mla_prefill as sparse
 
-from _harness import Report, arg_parser, grouped_bars, median_us, parse_args, wall_us
+from _harness import (Report, anchor_module, arg_parser, grouped_bars, median_us,
+                      parse_args, wall_us)
 
-ANCHOR = Path(__file__).resolve().parents[1] / ".anchor"
 ROUNDS, CALLS, WARM_CALLS, HOST_CALLS = 5, 1000, 50, 300
 # (name, layers, cache slots, state shape, dtype, requests, draft tokens, valid requests): the
 # SSM shape of bench_mamba_state_scatter.py with one request, and with 64.
@@ -56,11 +55,7 @@ TRANSPORT = [("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20)]
 
 def _originals():
     """The anchor's ``originals`` module, or None without the anchor folder."""
-    if not (ANCHOR / "originals.py").exists():
-        return None
-    sys.path.insert(0, str(ANCHOR))
-    import originals
-    return originals
+    return anchor_module("originals")
 
 
 def host_us(fn, round_start=None) -> float:

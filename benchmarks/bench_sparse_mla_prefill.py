@@ -25,11 +25,8 @@ Results: ``benchmarks/results/<gpu>/sparse_mla_prefill.{json,md,png}``.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import re
-import sys
-from pathlib import Path
 
 import torch
 
@@ -37,8 +34,8 @@ from strictops.meta import sparse_mla_prefill as contract
 from strictops.ops import sparse_mla_prefill as m
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
-from _harness import (Report, arg_parser, fp8_gemm_tflops, grouped_bars, median_us,
-                      parse_args)
+from _harness import (Report, anchor_module, arg_parser, fp8_gemm_tflops, grouped_bars,
+                      median_us, parse_args)
 
 # (s_q, s_kv, h_q, d_qk, topk): the serving shapes the op is measured at.
 SHAPES = [
@@ -69,12 +66,8 @@ def tflops(shape, us: float) -> float:
 
 def original():
     """sglang's CUTLASS kernel (``.anchor/originals.py``), or None where it is not built."""
-    anchor = Path(".anchor")
-    if not (anchor / "originals.py").exists():
-        return None
-    sys.path.insert(0, str(anchor))
-    import originals
-    return originals.sparse_mla()
+    originals = anchor_module("originals")
+    return None if originals is None else originals.sparse_mla()
 
 
 def _shared_s_launch():

@@ -32,7 +32,7 @@ import torch
 from . import conv_window_scatter as one
 from . import mamba_state_scatter
 from ._contract import Check, Contract, sym_all
-from ._specs import TensorSpec, other_device as _other_device, with_changes as _with
+from ._specs import TensorSpec, other_device as _other_device
 
 OP_NAME = "fused_conv_window_scatter_multi"
 MAX_PAIRS = 8
