@@ -10,8 +10,9 @@ indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row th
 read, out-of-range lengths counted); the Gluon kernel built for sm_90 with wgmma for both
 products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
 tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
-the warp-specialised Gluon one that sm_90 runs by default) and the experimental block-pair
-kernel with each V transpose, and the value rule's order through the public op.
+the warp-specialised Gluon one that sm_90 runs by default), the block-pair kernel with each
+of its schedules, persistent CTAs over many tiles, and the value rule's order through the
+public op.
 """
 
 from __future__ import annotations
@@ -793,6 +794,20 @@ def test_gpu_hopper_runs_a_warp_specialized_kernel_close_to_the_triton_one(monke
 ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "producer_regs": 56}
 
 
+def _block_pair():
+    """``strictops.ops._sparse_mla_hopper``; the test is skipped without Gluon or sm_90."""
+    if op._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the block-pair kernel needs Gluon and an sm_90 GPU")
+    from strictops.ops import _sparse_mla_hopper
+    return _sparse_mla_hopper
+
+
+def _launch_block_pair(args: dict, outputs: tuple, **tuning) -> None:
+    """The block-pair kernel on a call's validated ``args``, into ``outputs``."""
+    _block_pair().launch(*(args[k] for k in op.INPUTS if k != "d_v"), *outputs,
+                         args["topk_length_errors"], **tuning)
+
+
 @gpu
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 @pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
@@ -804,12 +819,10 @@ ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "produ
                               "one-tile-early-q-async"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
     """The block-pair kernel (``_sparse_mla_hopper``, the op's default on sm_90) on an sm_90 GPU
-    with each V transpose and store of O: poisoned buffers, invalid indices, empty rows, partial lengths, attn_sink;
-    within the GPU bounds of float64 (its P·V in FP8 costs accuracy), nothing counted."""
-    if op._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the block-pair kernel needs Gluon and an sm_90 GPU")
-    from strictops.ops import _sparse_mla_hopper as hopper
-
+    with each V transpose, schedule and store of O: poisoned buffers, invalid indices, empty
+    rows, partial lengths, attn_sink; within the GPU bounds of float64 (its P·V in FP8 costs
+    accuracy), nothing counted."""
+    _block_pair()
     gen, seed = _fresh_generator()
     dims = contract.Dims(s_q=96, s_kv=3000, h_q=128, d_qk=d_qk, topk=512, with_topk_length=True,
                          with_attn_sink=True, with_buffers=True, with_errors=True,
@@ -817,8 +830,7 @@ def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
     args = op.random_inputs(dims, gen)
     expected = op.reference(**_inputs(args))
     outputs = (args["out"], args["max_logits"], args["lse"])
-    hopper.launch(*(args[k] for k in op.INPUTS if k != "d_v"), *outputs,
-                  args["topk_length_errors"], **tuning)
+    _launch_block_pair(args, outputs, **tuning)
     passed, detail = op.compare_to_reference(outputs, expected, op.GPU_REL_L2_BOUND,
                                              op.GPU_LOGIT_TOL)
     assert passed, f"seed {seed}: {detail}"
@@ -833,10 +845,7 @@ def test_gpu_persistent_ctas_over_many_tiles_of_unequal_length(d_qk, h_q):
     lengths (``topk_length`` from 0 to ``topk``, tokens whose every index is invalid): pair
     numbers, barrier phases and each tile's Q carry over from tile to tile. Within the GPU
     bounds of float64, and bit for bit what one CTA a tile computes."""
-    if op._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the block-pair kernel needs Gluon and an sm_90 GPU")
-    from strictops.ops import _sparse_mla_hopper as hopper
-
+    hopper = _block_pair()
     gen, seed = _fresh_generator()
     s_q = 5 * hopper.sm_count(torch.cuda.current_device()) * 64 // h_q + 7
     dims = contract.Dims(s_q=s_q, s_kv=2000, h_q=h_q, d_qk=d_qk, topk=384,
@@ -848,8 +857,7 @@ def test_gpu_persistent_ctas_over_many_tiles_of_unequal_length(d_qk, h_q):
     for tuning in ({"persistent": True}, ONE_TILE):
         outputs = tuple(torch.full_like(args[k], float("nan"))
                         for k in ("out", "max_logits", "lse"))
-        hopper.launch(*(args[k] for k in op.INPUTS if k != "d_v"), *outputs,
-                      args["topk_length_errors"], **tuning)
+        _launch_block_pair(args, outputs, **tuning)
         results.append(outputs)
     expected = op.reference(**_inputs(args))
     passed, detail = op.compare_to_reference(results[0], expected, op.GPU_REL_L2_BOUND,
