@@ -164,6 +164,11 @@ class Check:
         verdict skips such a ``reads_values``/``reads_memory`` row for a signature in which
         they are all ``None`` (empty: the row runs on every call). The tests hold the claim
         to account.
+    disjoint:
+        Pairs of argument names: the row is exactly "no two tensors of a pair share a byte"
+        (:func:`disjoint`; ``None`` shares nothing). Built by :func:`disjoint_check`, whose
+        predicate is made from the pairs, so the rule has one definition; the C++ eager path
+        (``strictops.ops._host_path``) runs such a row from its pairs.
     """
 
     rule: str
@@ -173,6 +178,40 @@ class Check:
     reads_values: bool = False
     reads_memory: bool = False
     only_with: tuple[str, ...] = ()
+    disjoint: tuple[tuple[str, str], ...] = ()
+
+
+def disjoint(x: Any, y: Any) -> "bool | torch.SymBool":
+    """True unless tensors ``x`` and ``y`` share a byte of memory (``None`` shares none).
+
+    No ``data_ptr()``: storage identity (``_is_alias_of``) is known for fake tensors too, and it
+    is a plain bool, so the common case (separate storages) adds no guard. Within one storage,
+    each is taken as the byte range from its offset over its ``numel`` elements (exact for the
+    contiguous tensors the contracts using it have checked by then); an empty one shares none.
+    """
+    if x is None or y is None or not torch._C._is_alias_of(x, y):
+        return True
+    x_start, y_start = x.storage_offset() * x.element_size(), y.storage_offset() * y.element_size()
+    x_end, y_end = x_start + x.numel() * x.element_size(), y_start + y.numel() * y.element_size()
+    return sym_either(sym_either(x_start == x_end, y_start == y_end),
+                      sym_either(x_end <= y_start, y_end <= x_start))
+
+
+def disjoint_check(rule: str, pairs: tuple[tuple[str, str], ...], message: Message,
+                   only_with: tuple[str, ...] | None = None,
+                   error: type[Exception] = ValueError) -> Check:
+    """A ``reads_memory`` row that holds when no pair of ``pairs`` (argument names) shares a
+    byte (:func:`disjoint`). ``only_with``: names of which every pair holds one (so the row
+    holds where they are all ``None``); by default every name of the pairs."""
+    def ok(a):
+        return sym_all(disjoint(getattr(a, x), getattr(a, y)) for x, y in pairs)
+
+    if only_with is None:
+        only_with = tuple(dict.fromkeys(n for pair in pairs for n in pair))
+    if not all(x in only_with or y in only_with for x, y in pairs):
+        raise TypeError(f"{rule}: only_with {only_with} misses a pair of {pairs}")
+    return Check(rule, ok, message, error, reads_memory=True, only_with=only_with,
+                 disjoint=pairs)
 
 
 @dataclass(frozen=True)
@@ -321,6 +360,14 @@ class CachedValidation:
             ok = c.ok(namespace)
             if ok is not True:
                 torch._check_with(c.error, ok, _lazy_message(c, dict(zip(self.names, args))))
+
+    def rows_for(self, args: tuple) -> tuple[Check, ...] | None:
+        """The per-call rows of a passed signature's calls, or None where the signature of
+        ``args`` has not passed (or has none)."""
+        try:
+            return self.passed.get(self.signature(*args))
+        except Exception:
+            return None
 
     def __call__(self, *args: Any) -> None:
         try:

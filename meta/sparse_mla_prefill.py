@@ -40,7 +40,7 @@ from typing import ClassVar
 from types import SimpleNamespace
 
 import torch
-from ._contract import Check, Contract, sym_all, sym_either
+from ._contract import Check, Contract, disjoint_check, sym_all, sym_either
 from ._specs import TensorSpec, other_device, with_changes as _with
 
 OP_NAME = "sparse_mla_q8kv8_prefill_fwd"
@@ -64,21 +64,6 @@ def _shape_is(t, shape) -> "bool | torch.SymBool":
 def _buffer_shape(name: str, q, d_v) -> tuple:
     s_q, h_q = q.shape[0], q.shape[1]
     return (s_q, h_q, d_v) if name == "out" else (s_q, h_q)
-
-
-def _disjoint(x, y) -> "bool | torch.SymBool":
-    """True unless ``x`` and ``y`` share bytes of memory.
-
-    No ``data_ptr()``: storage identity (``_is_alias_of``) is known for fake tensors too, and it
-    is a plain bool, so the common case (separate storages) adds no guard. Within one storage,
-    both are contiguous (checked before), so each covers one byte range from its offset.
-    """
-    if x is None or y is None or not torch._C._is_alias_of(x, y):
-        return True
-    x_start, y_start = x.storage_offset() * x.element_size(), y.storage_offset() * y.element_size()
-    x_end, y_end = x_start + x.numel() * x.element_size(), y_start + y.numel() * y.element_size()
-    return sym_either(sym_either(x_start == x_end, y_start == y_end),
-                      sym_either(x_end <= y_start, y_end <= x_start))
 
 
 def _topk_lengths_in_range(a) -> bool:
@@ -292,25 +277,20 @@ CHECKS = (
     *_buffer_rules("out", torch.bfloat16),
     *_buffer_rules("max_logits", torch.float32),
     *_buffer_rules("lse", torch.float32),
-    Check(
+    disjoint_check(
         "buffers_alias",
-        lambda a: (a.max_logits is None and a.lse is None)  # every pair has a None
-        or sym_all((_disjoint(a.out, a.max_logits), _disjoint(a.out, a.lse),
-                    _disjoint(a.max_logits, a.lse))),
+        (("out", "max_logits"), ("out", "lse"), ("max_logits", "lse")),
         lambda **_: "out, max_logits and lse must not alias each other",
-        reads_memory=True,
         only_with=("max_logits", "lse"),
     ),
     # Added: the device-side error counter (an argument the original did not have).
     _vector("topk_length_errors", torch.int32, lambda a: 1),
     _cuda("topk_length_errors"),
     _on_q_device("topk_length_errors"),
-    Check(
+    disjoint_check(
         "topk_length_errors_alias",
-        lambda a: a.topk_length_errors is None
-        or sym_all(_disjoint(a.topk_length_errors, getattr(a, b)) for b in BUFFERS),
+        tuple(("topk_length_errors", b) for b in BUFFERS),
         lambda **_: "topk_length_errors must not alias out, max_logits or lse",
-        reads_memory=True,
         only_with=("topk_length_errors",),
     ),
 )

@@ -7,7 +7,9 @@ kernel on them (the Mamba state scatter, the conv-window scatter and its multi-p
   device when the launch is real): the op's body, also its fake;
 - :func:`KernelPath.eager`: a plain eager call's path, the contract's verdict cached per
   metadata signature and the launch through the cached launcher, with the same rules and the
-  same launch (docs/design/eager_host_cost.md).
+  same launch (docs/design/eager_host_cost.md); with ``writes`` given, a call it served also
+  leaves a plan of its signature for the C++ path (:attr:`KernelPath.host`, see
+  :mod:`strictops.ops._host_path`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Callable
 from strictops.meta._contract import CachedValidation, Contract
 
 from ._dispatch import on_device_of
+from ._host_path import HostPath
 from ._launcher import Launcher, keyword_constexprs
 
 __all__ = ["KernelPath"]
@@ -27,11 +30,14 @@ class KernelPath:
     """The launch paths of ``jit_fn`` for an op with ``contract`` (its arguments named
     ``names``): ``arguments(*op_args, **tuning)`` returns the grid and every kernel parameter
     in signature order, on validated inputs; ``launch_tensor(op_args)`` the tensor on whose
-    device the kernel runs (by default the first argument)."""
+    device the kernel runs (by default the first argument); ``writes`` the names of the
+    arguments the op writes, for an op that returns None and takes the C++ path
+    (:attr:`host`; None without ``writes``)."""
 
     def __init__(self, jit_fn, contract: Contract, names: tuple[str, ...],
                  arguments: Callable, num_warps: int,
-                 launch_tensor: Callable = operator.itemgetter(0)) -> None:
+                 launch_tensor: Callable = operator.itemgetter(0),
+                 writes: tuple[str, ...] | None = None) -> None:
         self.jit_fn = jit_fn
         self.contract = contract
         self.arguments = arguments
@@ -40,6 +46,7 @@ class KernelPath:
         self.validation = CachedValidation(contract, names)
         self.launcher = Launcher(jit_fn)
         self.options = (("num_warps", num_warps),)
+        self.host = None if writes is None else HostPath(self.validation, writes)
         self.eager = self._eager_function()
 
     def launch(self, kernel, *args, num_warps: int | None = None, **tuning) -> None:
@@ -58,13 +65,17 @@ class KernelPath:
 
     def _eager_function(self):
         # A closure: the hot path reads no attribute of ``self``.
-        validation, arguments, launcher, options, launch_tensor = (
-            self.validation, self.arguments, self.launcher, self.options, self.launch_tensor)
+        validation, arguments, launcher, options, launch_tensor, host = (
+            self.validation, self.arguments, self.launcher, self.options, self.launch_tensor,
+            self.host)
 
         def eager(*args) -> None:
             """The plain eager call: the cached verdict, then the cached launch."""
             validation(*args)
             grid, parameters = arguments(*args)
-            launcher(grid, parameters, options, launch_tensor(args).get_device())
+            device = launch_tensor(args).get_device()
+            launcher(grid, parameters, options, device)
+            if host is not None:
+                host.register(args, launcher, grid, parameters, options, device)
 
         return eager

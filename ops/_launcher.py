@@ -162,6 +162,22 @@ class Launcher:
         return self.arguments(args, self._current_device(), options, knobs.runtime.debug,
                               knobs.compilation.instrumentation_mode)[0]
 
+    def prepared_for(self, args: Sequence[Any], options: tuple, device: int):
+        """The compiled specialisation a call of ``args`` and ``options`` on CUDA device
+        ``device`` launches (see :class:`_Prepared`), or None where it has none yet, takes
+        ``JITFunction.run`` (argument kinds, an installed hook) or needs scratch memory."""
+        runtime = knobs.runtime
+        if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls or \
+                self.fn.pre_run_hooks:
+            return None
+        key = self.arguments(args, device, options, runtime.debug,
+                             knobs.compilation.instrumentation_mode)[0]
+        try:
+            prepared = None if key is None else self.prepared.get(key)
+        except TypeError:
+            return None
+        return None if prepared is None or prepared.scratch else prepared
+
     def _current_device(self) -> int:
         if self._device is None:
             active = driver.active

@@ -59,12 +59,15 @@ def launch_eager(grid, runtime_args, d_qk, has_topk_length, has_attn_sink, has_e
     """:func:`launch` with the default tuning through the cached launcher: ``grid`` one CTA
     per token and 64 heads (the kernel's ``programs_and_extra`` gives what it launches),
     ``runtime_args`` the 15 parameters both kernels take first (those of :func:`launch`'s
-    call, in order)."""
+    call, in order). Returns the launch made: ``(launcher, grid, kernel arguments,
+    options)``."""
     constants, options = _eager_constants(KERNEL, d_qk, has_topk_length, has_attn_sink,
                                           has_errors)
     programs, extra = KERNELS[KERNEL].programs_and_extra(grid[0], device)
-    _LAUNCHERS[KERNEL]((programs, 1, 1), (*runtime_args, *extra.values(), *constants), options,
-                       device)
+    launcher, grid = _LAUNCHERS[KERNEL], (programs, 1, 1)
+    arguments = (*runtime_args, *extra.values(), *constants)
+    launcher(grid, arguments, options, device)
+    return launcher, grid, arguments, options
 
 
 def launch_on_device(q, *args):

@@ -36,6 +36,7 @@ from strictops.meta import mamba_state_scatter as contract
 
 from ._dispatch import can_skip_dispatcher
 from ._interpret import interpreted
+from ._host_path import MISS
 from ._kernel_path import KernelPath
 
 # The public function. ``reference``, ``unfused_torch``, ``launch_interpreted`` and
@@ -155,9 +156,10 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
 # full and launches through ``kernel[grid]``; a plain eager call takes the contract's cached
 # verdict and the cached launcher (strictops.ops._launcher); the same rules and the same launch.
 _PATH = KernelPath(_scatter_kernel, contract.CONTRACT, contract.ARGUMENTS, _arguments,
-                   TUNING["num_warps"])
+                   TUNING["num_warps"], writes=("dst",))
 _launch, _forward, _eager = _PATH.launch, _PATH.forward, _PATH.eager
 _VALIDATION, _LAUNCHER, _OPTIONS = _PATH.validation, _PATH.launcher, _PATH.options
+_HOST_CALL = _PATH.host.call
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -209,6 +211,9 @@ def fused_mamba_state_scatter_with_mask(
     In plain eager mode the call skips the dispatcher (see ``strictops.ops._dispatch``);
     ``torch.ops.strictops.fused_mamba_state_scatter_with_mask`` is the same op through it.
     """
+    if not torch.compiler.is_compiling() and _HOST_CALL(  # a signature served before
+            dst, src, dst_indices_raw, step_indices_raw, src_indices_raw) is not MISS:
+        return
     if can_skip_dispatcher(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
         _eager(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
         torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!) args

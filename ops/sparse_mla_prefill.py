@@ -61,6 +61,7 @@ from strictops.meta._contract import CachedValidation
 from strictops.meta._specs import TensorSpec
 
 from ._dispatch import can_skip_dispatcher, device_capability, on_device_of
+from ._host_path import MISS, HostPath
 from ._interpret import interpreted
 from ._launcher import Launcher
 
@@ -278,9 +279,11 @@ def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d
 
 
 # The eager path: the contract's verdict cached per metadata signature, the kernels launched
-# through their cached launchers (strictops.ops._launcher); the same rules and launches.
+# through their cached launchers (strictops.ops._launcher); the same rules and launches. A call
+# it served leaves a plan of its signature for the C++ path (strictops.ops._host_path).
 _VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
 _LAUNCHER = Launcher(_sparse_mla_prefill_kernel)
+_HOST = HostPath(_VALIDATION, writes=(*contract.BUFFERS, "topk_length_errors"))
 
 
 def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out,
@@ -288,27 +291,51 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
     """:func:`_forward` of a real launch in plain eager mode; returns ``(out, max_logits,
     lse)``. Missing ``max_logits`` and ``lse`` are the halves of one ``[2, s_q, h_q]``
     allocation."""
-    _VALIDATION(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out,
-                max_logits, lse, topk_length_errors)
+    args = (q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out,
+            max_logits, lse, topk_length_errors)
+    _VALIDATION(*args)
     s_q, h_q, d_qk = q.shape
+    # Each allocation as (sizes, dtype, split along dim 0), and the tensors it gave, in order:
+    # what a plan of this signature allocates.
+    allocations, fresh = [], []
     if max_logits is None and lse is None:
-        max_logits, lse = torch.empty((2, s_q, h_q), dtype=torch.float32,
-                                      device=q.device).unbind(0)
-        if out is None:
-            out = torch.empty((s_q, h_q, d_v), dtype=torch.bfloat16, device=q.device)
-    elif out is None or max_logits is None or lse is None:
-        out, max_logits, lse, _ = _allocate(q, d_v, out, max_logits, lse)
+        max_logits, lse = _allocated(allocations, fresh, (2, s_q, h_q), torch.float32, q, True)
+    else:
+        if max_logits is None:
+            max_logits = _allocated(allocations, fresh, (s_q, h_q), torch.float32, q)
+        if lse is None:
+            lse = _allocated(allocations, fresh, (s_q, h_q), torch.float32, q)
+    if out is None:
+        out = _allocated(allocations, fresh, (s_q, h_q, d_v), torch.bfloat16, q)
     grid, runtime = _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
                                        topk_length, out, max_logits, lse, topk_length_errors)
     flags = (topk_length is not None, attn_sink is not None, topk_length_errors is not None)
     device = q.get_device()
     if warp_specialized(q, real=True):
-        _sparse_mla_sm90.launch_eager(grid, runtime, d_qk, *flags, device)
+        launch = _sparse_mla_sm90.launch_eager(grid, runtime, d_qk, *flags, device)
     else:
         t = TUNING
-        _LAUNCHER(grid, (*runtime, d_qk, *flags, contract.HEAD_BLOCK, t["block_n"]),
-                  (("num_warps", t["num_warps"]), ("num_stages", t["num_stages"])), device)
+        launch = (_LAUNCHER, grid, (*runtime, d_qk, *flags, contract.HEAD_BLOCK, t["block_n"]),
+                  (("num_warps", t["num_warps"]), ("num_stages", t["num_stages"])))
+        _LAUNCHER(*launch[1:], device)
+    _HOST.register(args, *launch, device, allocations, fresh, (out, max_logits, lse))
     return out, max_logits, lse
+
+
+_HOST_CALL = _HOST.call
+
+
+def _allocated(allocations, fresh, sizes, dtype, q, split=False):
+    """``torch.empty(sizes, dtype)`` on ``q``'s device (``split``: its views along dim 0),
+    recorded in ``allocations`` and ``fresh``."""
+    t = torch.empty(sizes, dtype=dtype, device=q.device)
+    allocations.append((sizes, dtype, split))
+    if not split:
+        fresh.append(t)
+        return t
+    parts = t.unbind(0)
+    fresh.extend(parts)
+    return parts
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -420,6 +447,11 @@ def sparse_mla_q8kv8_prefill_fwd(
     # None, which its first scale rule refuses with the original message.
     q_scale = q_scale if isinstance(q_scale, torch.Tensor) else None
     kv_scale = kv_scale if isinstance(kv_scale, torch.Tensor) else None
+    if not torch.compiler.is_compiling():  # the C++ path, for a signature served before
+        result = _HOST_CALL(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
+                            topk_length, out, max_logits, lse, topk_length_errors)
+        if result is not MISS:
+            return result
     args = (q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out,
             max_logits, lse, topk_length_errors)
     written = (out, max_logits, lse, topk_length_errors)

@@ -12,6 +12,7 @@ sparse MLA's eager path launches into exactly the outputs it returns.
 from __future__ import annotations
 
 import random
+import struct
 from types import SimpleNamespace
 
 import pytest
@@ -490,3 +491,137 @@ def test_gpu_sparse_mla_eager_equals_dispatcher(monkeypatch, kernel):
         assert torch.equal(a, b) and torch.equal(a, c)
     max_logits, lse = eager[1], eager[2]  # the two halves of one allocation
     assert max_logits.untyped_storage().data_ptr() == lse.untyped_storage().data_ptr()
+
+
+# The C++ eager path (strictops.ops._host_path) against the Python path: under the recording
+# driver and a recorder of the C++ launches, a call served by a plan launches the kernel the
+# Python path launched, with the same grid, block, shared memory and parameters (each pointer
+# the address of the tensor the Python path passed there), and returns the same kind of result.
+
+host_plans = pytest.importorskip("strictops.ops._host_plans",
+                                 reason="built without the C++ eager path")
+
+
+@pytest.fixture
+def host_recorder():
+    from strictops.ops import _host_path
+    launches = []
+    _host_path.configure(recorder=lambda *launch: launches.append(launch))
+    try:
+        yield launches
+    finally:
+        _host_path.configure()
+
+
+def _params(launch, signature):
+    """A recorded C++ launch's parameters, decoded by the kernel's signature: pointers as
+    addresses, scalars as Triton packs them (floats rounded to the parameter's type)."""
+    blob, offsets = launch[8], launch[9]
+    kinds = [k for k in signature.values() if k != "constexpr"]
+    assert len(offsets) == len(kinds) + 2  # and Triton's two scratch pointers, null
+    assert blob[offsets[-2]:offsets[-2] + 16] == bytes(16)
+    from strictops.ops._host_path import _SCALAR_FORMATS
+    return [struct.unpack_from("<Q" if k.startswith("*") else "<" + _SCALAR_FORMATS[k],
+                               blob, o)[0] for k, o in zip(kinds, offsets)]
+
+
+def _triton_params(call, signature):
+    """A recorded Triton launch's runtime parameters (its C launcher also takes the
+    constexprs), pointers as addresses, floats as fp32."""
+    return [a.data_ptr() if isinstance(a, torch.Tensor) else
+            struct.unpack("<f", struct.pack("<f", a))[0] if isinstance(a, float) else a
+            for a, kind in zip(call[13:], signature.values()) if kind != "constexpr"]
+
+
+@pytest.mark.parametrize("given", ["", "out", "out,max_logits,lse", "errors"])
+def test_sparse_mla_plan_launches_what_the_python_path_launches(
+        recording_driver, host_recorder, monkeypatch, given):
+    from strictops.ops import sparse_mla_prefill as sparse
+    from strictops.ops._host_path import HostPath
+    ws = sparse._sparse_mla_sm90
+    if ws is None:
+        pytest.skip("this Triton has no Gluon")
+    # CPU tensors: the contract (its own tests cover it) passes every call, with the per-call
+    # rows of its signature, which the plan runs from their pairs.
+    real = sparse._VALIDATION
+    validation = SimpleNamespace(names=real.names, rows_for=real._rows_of)
+    monkeypatch.setattr(sparse, "_VALIDATION", lambda *args: None)
+    host = HostPath(validation, writes=(*sparse.contract.BUFFERS, "topk_length_errors"))
+    monkeypatch.setattr(sparse, "_HOST", host)
+    monkeypatch.setattr(sparse, "_HOST_CALL", host.call)
+    monkeypatch.setattr(sparse, "_is_sm90", lambda index: True)
+    monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
+                                           for name, launcher in ws._LAUNCHERS.items()})
+    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)  # a CPU "device"
+    monkeypatch.setattr(ws.KERNELS["block_pair"], "sm_count", lambda device: 132)
+    q = torch.zeros(3, 64, 576, dtype=torch.float8_e4m3fn)
+    kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
+    indices, scale = torch.zeros(3, 1, 128, dtype=torch.int32), torch.ones(1)
+    buffers = {"out": torch.zeros(3, 64, 512, dtype=torch.bfloat16),
+               "max_logits": torch.zeros(3, 64), "lse": torch.zeros(3, 64)}
+    kw = {name: buffers[name] for name in buffers if name in given.split(",")}
+    if given == "errors":
+        kw["topk_length_errors"] = torch.zeros(1, dtype=torch.int32)
+    versions = {name: t._version for name, t in kw.items()}
+    call = lambda: sparse.sparse_mla_q8kv8_prefill_fwd(  # noqa: E731
+        q, kv, indices, 0.04, scale, scale, **kw)
+    python_outputs = call()  # the Python path: it plans the signature
+    python_launch = _RecordingLauncher.calls[-1]
+    assert not host_recorder and len(host.cache) == 1
+    planned_outputs = call()  # the plan
+    assert len(host_recorder) == 1 and _RecordingLauncher.calls[-1] is python_launch
+    launch = host_recorder[0]
+    function, grid, threads, shared, num_ctas, pdl, cooperative = launch[:7]
+    num_warps, _, triton_shared = python_launch[9]
+    assert (function, grid, threads, shared, num_ctas, pdl, cooperative) == (
+        python_launch[4], python_launch[:3], 32 * num_warps, triton_shared, 1,
+        python_launch[6], python_launch[5])
+    kernel = next(iter(ws._LAUNCHERS[ws.KERNEL].prepared.values())).kernel
+    planned = _params(launch, kernel.src.signature)
+    expected = _triton_params(python_launch, kernel.src.signature)
+    # The outputs the plan allocated take the places of those the Python path allocated.
+    for mine, theirs in zip(planned_outputs, python_outputs):
+        if mine is not theirs:
+            assert mine.shape == theirs.shape and mine.dtype == theirs.dtype
+            assert mine.is_contiguous() and mine.data_ptr() != theirs.data_ptr()
+            expected = [mine.data_ptr() if p == theirs.data_ptr() else p for p in expected]
+    assert planned == expected
+    for name, t in kw.items():  # bumped once by each call, as the dispatcher does
+        assert t._version == versions[name] + 2
+    ml, lse = planned_outputs[1:]
+    assert (ml.untyped_storage().data_ptr() == lse.untyped_storage().data_ptr()) == (
+        "max_logits" not in kw)
+
+
+def test_mamba_scatter_plan_launches_what_the_python_path_launches(
+        recording_driver, host_recorder, monkeypatch):
+    from strictops.ops import mamba_state_scatter as mss
+    from strictops.ops._kernel_path import KernelPath
+    from strictops.meta._contract import Contract
+    # CPU tensors: a contract without rules stands in (the op's own tests cover its rules).
+    path = KernelPath(mss._scatter_kernel, Contract(mss.contract.CONTRACT.op, "stand_in", ()),
+                      mss.contract.ARGUMENTS, mss._arguments, mss.TUNING["num_warps"],
+                      writes=("dst",))
+    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
+    monkeypatch.setattr(mss, "_eager", path.eager)
+    monkeypatch.setattr(mss, "_HOST_CALL", path.host.call)
+    dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    version = dst._version
+    for _ in range(2):
+        assert mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps) is None
+    assert len(host_recorder) == 1 and len(path.host.cache) == 1
+    python_launch, launch = _RecordingLauncher.calls[-1], host_recorder[0]
+    kernel = next(iter(path.launcher.prepared.values())).kernel
+    assert launch[1] == python_launch[:3] and launch[0] == python_launch[4]
+    assert _params(launch, kernel.src.signature) == _triton_params(python_launch, kernel.src.signature)
+    assert dst._version == version + 2
+    # Another tensor as the same argument, same signature: the plan, with its address.
+    other = torch.zeros(4, dtype=torch.int64)
+    mss.fused_mamba_state_scatter_with_mask(dst, src, slots, other)
+    assert other.data_ptr() in _params(host_recorder[-1], kernel.src.signature)
+    # A tensor of another specialisation (an address not a multiple of 16): the Python path,
+    # which compiles and plans its own.
+    shifted = torch.zeros(5, dtype=torch.int64)[1:]
+    mss.fused_mamba_state_scatter_with_mask(dst, src, slots, shifted)
+    assert len(host_recorder) == 2 and len(path.host.cache) == 2 and len(path.launcher.prepared) == 2

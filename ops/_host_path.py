@@ -1,0 +1,231 @@
+"""The C++ eager path: a plain eager call whose signature the op's Python path has served
+before runs in C++, from a plan made once per signature.
+
+A call in plain eager mode costs its host time, and in Python that is tens of microseconds: the
+contract's cached verdict (its signature alone is a tuple of every tensor's metadata), the
+allocations, the cached launcher's key, the launch. :class:`HostPath` keeps, per op, a
+``PlanCache`` of the compiled extension ``strictops.ops._host_plans`` (``ops/_host_plans.cpp``)
+that does the same in one C++ call, in this order:
+
+1. the call's key: per argument ``None``; a plain ``torch.Tensor``'s dtype, device, layout,
+   sizes, strides, storage offset, whether its address is a multiple of 16 and which earlier
+   argument, if any, is the same tensor object; a ``bool``'s, ``int``'s or ``float``'s type and
+   value. It is at least as fine as the contract's cached
+   signature (:class:`strictops.meta._contract.CachedValidation`) and the cached launcher's
+   key (:class:`strictops.ops._launcher.Launcher`) together, so a plan never serves a call
+   that the contract or Triton's specialisation could treat otherwise;
+2. the gate of :func:`strictops.ops._dispatch.can_skip_dispatcher` (no dispatch or
+   torch-function mode, no functorch transform, no tensor subclass, no input that requires grad
+   while grad mode is on) and Triton's launch state (no launch hook, the kernel's globals and
+   pre-run hooks, ``debug`` and the instrumentation mode as when planned);
+3. the per-call rows of the contract that the signature runs, all of them ``disjoint`` rows
+   (:func:`strictops.meta._contract.disjoint_check`), from their declared pairs;
+4. the allocations of the outputs not given, one launch on the current stream of the plan's
+   device (``cuLaunchKernelEx``, the parameters packed as Triton's launcher packs them), the
+   version-counter bump of the arguments the op writes, the result.
+
+Anything else returns :data:`MISS`, and the caller runs its Python path, which raises the
+contract's errors. The Python path registers a plan after it served a call (:meth:`register`):
+only signatures whose per-call rows are all ``disjoint`` rows get one, and only where every
+kernel argument is a tensor of the call or a function of its signature. A call whose signature
+has a plan and whose per-call rows hold is therefore one the contract passes, launched as the
+Python path would launch it: the tests compare the two launch by launch (a recording stand-in
+for the driver) and verdict by verdict.
+
+Without the extension (a build without torch in the build environment, or
+``STRICTOPS_NO_HOST_EXTENSION=1`` at install) every call takes the Python path.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Sequence
+
+import torch
+from triton import knobs
+
+from strictops.meta._contract import CachedValidation
+
+try:
+    from . import _host_plans
+except ImportError:  # built without the extension
+    _host_plans = None
+
+__all__ = ["HostPath", "MISS", "available"]
+
+MISS = _host_plans.MISS if _host_plans is not None else object()
+
+
+def available() -> bool:
+    """Whether this installation has the C++ eager path."""
+    return _host_plans is not None
+
+
+def _no_cuda_device() -> int:
+    return -1
+
+
+def configure(recorder=None, get_device=None, get_stream=None) -> None:
+    """Set what every plan cache consults: the gate, the current device and stream, the global
+    launch-state guards; ``recorder`` (tests): a callable that receives each launch instead of
+    the driver (``function, grid, threads, shared, num_ctas, pdl, cooperative, stream, params,
+    offsets``)."""
+    if _host_plans is None:
+        return
+    runtime, compilation = knobs.runtime, knobs.compilation
+    empty = _host_plans.EMPTY
+    _host_plans.configure(
+        tensor_type=torch.Tensor,
+        gate=(torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack,
+              torch._C._are_functorch_transforms_active),
+        get_device=get_device or getattr(torch._C, "_cuda_getDevice", _no_cuda_device),
+        get_stream=get_stream or getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        or _no_cuda_device,
+        guards=((runtime, ("debug",), runtime.debug),
+                (compilation, ("instrumentation_mode",), compilation.instrumentation_mode),
+                (runtime, ("launch_enter_hook", "calls"), empty),
+                (runtime, ("launch_exit_hook", "calls"), empty)),
+        recorder=recorder)
+
+
+configure()
+
+
+def _always_miss(*args: Any) -> Any:
+    return MISS
+
+
+# How Triton's launcher passes a scalar parameter of each signature type (little-endian).
+_SCALAR_FORMATS = {"i1": "b", "i8": "b", "u1": "B", "u8": "B", "i16": "h", "u16": "H",
+                   "i32": "i", "u32": "I", "i64": "q", "u64": "Q", "fp16": "e", "fp32": "f",
+                   "f32": "f", "fp64": "d"}
+
+
+def _packed(kind: str, value: Any) -> bytes | None:
+    """A scalar parameter's bytes as Triton's C launcher packs them, or None for a kind or
+    value it does not take here."""
+    if kind == "bf16":
+        if value.__class__ is not float:
+            return None
+        return struct.pack("<I", struct.unpack("<I", struct.pack("<f", value))[0] >> 16)[:2]
+    fmt = _SCALAR_FORMATS.get(kind)
+    if fmt is None or value.__class__ not in (int, float, bool):
+        return None
+    try:
+        return struct.pack("<" + fmt, value)
+    except (struct.error, OverflowError):
+        return None
+
+
+class HostPath:
+    """The C++ eager path of one op whose positional arguments are named ``names`` (the order
+    the public function passes them to :attr:`call`); ``writes``: the names of the arguments
+    the op writes (their version counters are bumped, as the dispatcher does)."""
+
+    def __init__(self, validation: CachedValidation, writes: Sequence[str] = ()) -> None:
+        self.validation = validation
+        self.names = validation.names
+        self.writes = tuple(self.names.index(n) for n in writes)
+        self.cache = _host_plans.PlanCache() if _host_plans is not None else None
+        # ``call(*args)``: the plan's result, or MISS.
+        self.call = self.cache if self.cache is not None else _always_miss
+
+    def register(self, args: tuple, launcher, grid: Sequence[int], kernel_args: Sequence[Any],
+                 options: tuple, device: int, allocations: Sequence[tuple] = (),
+                 fresh: Sequence[torch.Tensor] = (), result: Any = None) -> None:
+        """After the Python path served ``args`` (the op's arguments, as :attr:`call` takes
+        them): make the plan of their signature, unless it has an entry already.
+
+        ``launcher``, ``grid``, ``kernel_args`` (every kernel parameter in signature order),
+        ``options`` and ``device``: the launch the Python path made through the cached
+        launcher. ``allocations``: per allocation the Python path made, ``(sizes, dtype,
+        split)`` (``split``: unbound along dim 0), in order, and ``fresh`` the tensors they gave
+        (flattened). ``result``: what the op returned: None, a tensor, or a tuple of tensors,
+        each an argument or a fresh tensor.
+
+        Every non-tensor kernel argument must be a function of the signature (sizes, strides,
+        dtypes, scalar arguments), never of a tensor's address or values; the signature gets
+        no plan (an entry of None) where the per-call rows are not all ``disjoint`` rows, or
+        where a kernel argument or the result is something a plan cannot name.
+        """
+        cache = self.cache
+        if cache is None or cache.known(*args) is not False:
+            return
+        rows = self.validation.rows_for(args)
+        if rows is None:
+            return  # not a passed signature (cannot happen after a served call; no entry)
+        cache.add(args, self._spec(args, rows, launcher, grid, kernel_args, options, device,
+                                   allocations, fresh, result))
+
+    def _spec(self, args, rows, launcher, grid, kernel_args, options, device, allocations,
+              fresh, result):
+        if any(not c.disjoint for c in rows):
+            return None
+        # A tensor passed as several arguments is named by the first (the key holds which
+        # arguments are one object).
+        refs: dict[int, int] = {}
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                refs.setdefault(id(a), i)
+        for k, t in enumerate(fresh):
+            refs[id(t)] = -k - 1
+        index = {n: i for i, n in enumerate(self.names)}
+        pairs = [r for c in rows for x, y in c.disjoint
+                 if args[index[x]] is not None and args[index[y]] is not None
+                 for r in (index[x], index[y])]
+        prepared = launcher.prepared_for(kernel_args, options, device)
+        launch = None if prepared is None else _launch(prepared, grid, kernel_args, refs)
+        if launch is None:
+            return None
+        if result is None:
+            kind, returned = 0, ()
+        elif isinstance(result, torch.Tensor):
+            kind, returned = 1, (result,)
+        else:
+            kind, returned = 2, tuple(result)
+        result_refs = tuple(refs.get(id(t)) for t in returned)
+        if None in result_refs:
+            return None
+        bump = tuple(i for i in self.writes if args[i] is not None)
+        return (device, tuple(pairs), tuple(allocations), launch, bump, kind, result_refs,
+                _launch_guards(launcher.fn, prepared))
+
+
+def _launch(prepared, grid, kernel_args, refs):
+    """A plan's launch: the compiled kernel of ``prepared`` on ``grid``, each pointer
+    parameter a reference of ``refs`` (by the tensor's identity), each scalar packed; None
+    where a parameter is neither."""
+    kernel = prepared.kernel
+    num_warps, num_ctas, shared = kernel.packed_metadata
+    if num_ctas != 1:
+        return None
+    params = []
+    for value, kind in zip(kernel_args, kernel.src.signature.values()):
+        if kind == "constexpr":
+            continue
+        if kind.startswith("*"):
+            ref = refs.get(id(value)) if isinstance(value, torch.Tensor) else None
+            if ref is None:
+                return None
+            params.append(ref)
+        else:
+            packed = _packed(kind, value)
+            if packed is None:
+                return None
+            params.append(packed)
+    params += [bytes(8), bytes(8)]  # Triton's global and profile scratch: none
+    grid = (*grid, 1, 1)[:3]
+    run = kernel.run
+    return (kernel.function, grid, 32 * num_warps, shared, num_ctas,
+            bool(run.launch_pdl), bool(run.launch_cooperative_grid), tuple(params))
+
+
+def _launch_guards(fn, prepared) -> tuple:
+    """What a plan's launch checks on each call, where the cached launcher checks that each
+    global its compiled kernel read still equals its value then: the kernel ``fn`` has no
+    pre-run hook, and each such global is the object it is now, right after a launch that
+    passed the launcher's check (a rebound global takes the Python path, which raises if its
+    value changed)."""
+    return ((fn, ("pre_run_hooks",), _host_plans.EMPTY),
+            *((namespace, (name,), namespace.get(name)) for name, _, _, namespace
+              in prepared.globals))

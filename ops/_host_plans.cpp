@@ -1,0 +1,709 @@
+// Eager calls of strictops ops, prepared once per call signature and replayed in C++.
+//
+// A PlanCache belongs to one op. ``cache(*args)`` (the op's positional arguments) computes the
+// call's key: per argument, None; a plain torch.Tensor's dtype, device, layout, sizes, strides,
+// storage offset, whether its address is a multiple of 16 and which earlier argument, if any,
+// is the same object; a bool's, int's or float's type and value. Anything else, a tensor subclass, a tensor that requires grad while grad mode is
+// on, a call while a dispatch or torch-function mode or a functorch transform is active, or
+// one of the configured guards not holding: ``MISS``. A key with a plan runs it:
+//
+//   1. per-call disjointness checks (pairs of arguments that must not share a byte, as the
+//      contract's ``disjoint`` rows define it); a failing one is a MISS, so the Python path
+//      raises the contract's error;
+//   2. the allocations of the outputs not given (``at::empty``; a group may be split along
+//      dim 0 into views);
+//   3. one kernel launch (``cuLaunchKernelEx``) of a compiled Triton kernel on the current
+//      stream of the plan's device, the parameters packed once with the arguments' addresses
+//      filled in per call, exactly as Triton's own launcher packs them;
+//   4. the version-counter bump of the arguments the op writes;
+//   5. the result: None, one tensor, or a tuple of tensors (arguments or new outputs).
+//
+// Plans are made by the Python side after the same call succeeded through the op's full
+// Python path (strictops.ops._host_path); this file holds no rule of any contract.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "cuda.h"
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Module state, set by configure().
+
+PyObject* g_miss = nullptr;          // the MISS sentinel
+PyTypeObject* g_tensor_type = nullptr;  // torch.Tensor
+PyObject* g_gate = nullptr;          // tuple of callables; every one must return a false value
+PyObject* g_get_device = nullptr;    // () -> int, the current CUDA device
+PyObject* g_get_stream = nullptr;    // (int) -> int, the current stream of a device
+PyObject* g_guards = nullptr;        // tuple of guards, see guards_hold()
+PyObject* g_recorder = nullptr;      // None, or a callable that receives launches (tests)
+PyObject* g_empty = nullptr;         // the EMPTY guard marker
+
+// A guard: (root, path, expected). The object reached from ``root`` through ``path`` (attribute
+// names, or keys where the object is a dict) must be ``expected`` itself, or, where
+// ``expected`` is EMPTY, a sized object of length 0.
+bool guards_hold(PyObject* guards) {
+  if (guards == nullptr) return true;
+  Py_ssize_t n = PyTuple_GET_SIZE(guards);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* g = PyTuple_GET_ITEM(guards, i);
+    PyObject* obj = PyTuple_GET_ITEM(g, 0);
+    PyObject* path = PyTuple_GET_ITEM(g, 1);
+    PyObject* expected = PyTuple_GET_ITEM(g, 2);
+    Py_INCREF(obj);
+    Py_ssize_t m = PyTuple_GET_SIZE(path);
+    for (Py_ssize_t j = 0; j < m && obj != nullptr; ++j) {
+      PyObject* name = PyTuple_GET_ITEM(path, j);
+      PyObject* next;
+      if (PyDict_Check(obj)) {
+        next = PyDict_GetItemWithError(obj, name);
+        Py_XINCREF(next);
+      } else {
+        next = PyObject_GetAttr(obj, name);
+      }
+      Py_DECREF(obj);
+      obj = next;
+    }
+    if (obj == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    bool ok;
+    if (expected == g_empty) {
+      Py_ssize_t len = PyObject_Length(obj);
+      if (len < 0) PyErr_Clear();
+      ok = len == 0;
+    } else {
+      ok = obj == expected;
+    }
+    Py_DECREF(obj);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Whether the gate's callables all return a false value (plain eager mode).
+bool gate_open() {
+  if (g_gate == nullptr) return false;
+  Py_ssize_t n = PyTuple_GET_SIZE(g_gate);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* r = PyObject_CallNoArgs(PyTuple_GET_ITEM(g_gate, i));
+    if (r == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    int truth = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (truth != 0) {
+      if (truth < 0) PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// The CUDA driver entry points, resolved once from libcuda.
+
+using LaunchKernelEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+using CtxGetCurrent = CUresult (*)(CUcontext*);
+using GetErrorString = CUresult (*)(CUresult, const char**);
+
+struct Driver {
+  LaunchKernelEx launch = nullptr;
+  CtxGetCurrent ctx_get_current = nullptr;
+  GetErrorString error_string = nullptr;
+};
+
+const Driver* driver() {
+  static Driver d;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib != nullptr) {
+      d.launch = reinterpret_cast<LaunchKernelEx>(dlsym(lib, "cuLaunchKernelEx"));
+      d.ctx_get_current = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
+      d.error_string = reinterpret_cast<GetErrorString>(dlsym(lib, "cuGetErrorString"));
+    }
+  }
+  return d.launch && d.ctx_get_current ? &d : nullptr;
+}
+
+// ---------------------------------------------------------------------------------------
+// Keys.
+
+enum : int64_t { kNone = 0, kTensor = 1, kBool = 2, kInt = 3, kFloat = 4 };
+
+// Appends the key of one argument; false where the argument has none (a MISS).
+bool append_key(PyObject* o, bool grad, std::vector<int64_t>& key) {
+  if (o == Py_None) {
+    key.push_back(kNone);
+    return true;
+  }
+  PyTypeObject* type = Py_TYPE(o);
+  if (type == g_tensor_type) {
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (!t.defined() || t.layout() != c10::kStrided || (grad && t.requires_grad())) return false;
+    const c10::Device device = t.device();
+    auto sizes = t.sizes();
+    auto strides = t.strides();
+    key.push_back(kTensor);
+    key.push_back(static_cast<int64_t>(t.scalar_type()));
+    key.push_back((static_cast<int64_t>(device.type()) << 16) | (device.index() & 0xffff));
+    key.push_back(static_cast<int64_t>(sizes.size()));
+    key.insert(key.end(), sizes.begin(), sizes.end());
+    key.insert(key.end(), strides.begin(), strides.end());
+    key.push_back(t.storage_offset());
+    key.push_back((reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0);
+    return true;
+  }
+  if (type == &PyBool_Type) {
+    key.push_back(kBool);
+    key.push_back(o == Py_True);
+    return true;
+  }
+  if (type == &PyLong_Type) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    key.push_back(kInt);
+    key.push_back(v);
+    return true;
+  }
+  if (type == &PyFloat_Type) {
+    double v = PyFloat_AS_DOUBLE(o);
+    int64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    key.push_back(kFloat);
+    key.push_back(bits);
+    return true;
+  }
+  return false;
+}
+
+bool make_key(PyObject* const* args, Py_ssize_t n, std::vector<int64_t>& key) {
+  key.clear();
+  key.push_back(n);
+  const bool grad = c10::GradMode::is_enabled();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!append_key(args[i], grad, key)) return false;
+    if (Py_TYPE(args[i]) == g_tensor_type) {  // which earlier argument is this object, if any
+      Py_ssize_t same = -1;
+      for (Py_ssize_t j = 0; j < i && same < 0; ++j) same = args[j] == args[i] ? j : -1;
+      key.push_back(same);
+    }
+  }
+  return true;
+}
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& key) const noexcept {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (int64_t v : key) {
+      h ^= static_cast<uint64_t>(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Plans.
+
+// A reference to a tensor of the call: argument ``index`` (>= 0), or new output ``-index - 1``.
+using Ref = int;
+
+struct Allocation {
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype;
+  bool split;  // unbind along dim 0: sizes[0] outputs
+};
+
+struct Plan {
+  int device = -1;  // CUDA device index; -1: no device (record mode only)
+  std::vector<std::pair<Ref, Ref>> disjoint;
+  std::vector<Allocation> allocations;
+  // The launch.
+  uint64_t function = 0;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned threads = 0;
+  unsigned shared = 0;
+  unsigned num_ctas = 1;
+  bool pdl = false;
+  bool cooperative = false;
+  std::vector<uint8_t> params;                   // packed, every parameter at a multiple of 8
+  std::vector<size_t> offsets;                   // where each parameter starts in ``params``
+  std::vector<std::pair<size_t, Ref>> pointers;  // (offset, tensor) filled per call
+  std::vector<int> bump;                         // arguments whose version counter is bumped
+  int result_kind = 0;                           // 0: None, 1: one tensor, 2: a tuple
+  std::vector<Ref> result;
+  PyObject* guards = nullptr;                    // per-plan guards (owned)
+
+  ~Plan() { Py_XDECREF(guards); }
+};
+
+// What the parameters hold of a call, filled in per call.
+struct Call {
+  PyObject* const* args;
+  std::vector<at::Tensor> fresh;
+};
+
+const at::Tensor& tensor_of(const Call& call, Ref ref) {
+  return ref >= 0 ? THPVariable_Unpack(call.args[ref]) : call.fresh[-ref - 1];
+}
+
+// The contract's ``disjoint`` rule for two tensors: they do not share a byte when either is
+// empty or they do not alias one storage or their byte ranges from their offsets do not meet.
+bool disjoint(const at::Tensor& x, const at::Tensor& y) {
+  if (!x.is_alias_of(y)) return true;
+  const int64_t x_start = x.storage_offset() * static_cast<int64_t>(x.element_size());
+  const int64_t y_start = y.storage_offset() * static_cast<int64_t>(y.element_size());
+  const int64_t x_end = x_start + x.numel() * static_cast<int64_t>(x.element_size());
+  const int64_t y_end = y_start + y.numel() * static_cast<int64_t>(y.element_size());
+  return x_start == x_end || y_start == y_end || x_end <= y_start || y_end <= x_start;
+}
+
+using PlanMap = std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Plan>, KeyHash>;
+
+struct PlanCacheObject {
+  PyObject_HEAD
+  vectorcallfunc call;
+  PlanMap* plans;
+  Py_ssize_t max_entries;
+};
+
+thread_local std::vector<int64_t> t_key;
+
+PyObject* raise_launch_error(CUresult code) {
+  const char* text = nullptr;
+  const Driver* d = driver();
+  if (d && d->error_string) d->error_string(code, &text);
+  PyErr_Format(PyExc_RuntimeError, "Triton Error [CUDA]: %s", text ? text : "unknown error");
+  return nullptr;
+}
+
+// Runs ``plan`` on the call's arguments; MISS where a check fails or nothing may launch.
+PyObject* run_plan(const Plan& plan, PyObject* const* args) {
+  Call call{args, {}};
+  for (const auto& [a, b] : plan.disjoint) {
+    if (!disjoint(tensor_of(call, a), tensor_of(call, b))) return Py_NewRef(g_miss);
+  }
+  if (!guards_hold(plan.guards)) return Py_NewRef(g_miss);
+
+  uint64_t stream = 0;
+  const Driver* d = nullptr;
+  const bool record = g_recorder != nullptr && g_recorder != Py_None;
+  if (plan.device >= 0) {
+    PyObject* current = PyObject_CallNoArgs(g_get_device);
+    if (current == nullptr) return nullptr;
+    long device = PyLong_AsLong(current);
+    Py_DECREF(current);
+    if (device != plan.device) return Py_NewRef(g_miss);  // the Python path switches device
+    PyObject* index = PyLong_FromLong(device);
+    PyObject* s = PyObject_CallOneArg(g_get_stream, index);
+    Py_DECREF(index);
+    if (s == nullptr) return nullptr;
+    stream = PyLong_AsUnsignedLongLong(s);
+    Py_DECREF(s);
+    if (PyErr_Occurred()) return nullptr;
+    if (!record) {
+      d = driver();
+      CUcontext context = nullptr;
+      if (d == nullptr || d->ctx_get_current(&context) != CUDA_SUCCESS || context == nullptr) {
+        return Py_NewRef(g_miss);  // no context on this thread yet: Triton's launcher makes it
+      }
+    }
+  } else if (!record) {
+    return Py_NewRef(g_miss);
+  }
+
+  try {
+    for (const Allocation& a : plan.allocations) {
+      at::TensorOptions options = at::TensorOptions().dtype(a.dtype).device(
+          plan.device >= 0 ? c10::Device(c10::DeviceType::CUDA, plan.device)
+                           : c10::Device(c10::DeviceType::CPU));
+      at::Tensor t = at::empty(a.sizes, options);
+      if (a.split) {
+        for (at::Tensor& part : t.unbind(0)) call.fresh.push_back(std::move(part));
+      } else {
+        call.fresh.push_back(std::move(t));
+      }
+    }
+  } catch (const std::exception&) {
+    return Py_NewRef(g_miss);  // the Python path allocates again and raises torch's error
+  }
+
+  std::vector<uint8_t> params(plan.params);
+  for (const auto& [offset, ref] : plan.pointers) {
+    uint64_t address = reinterpret_cast<uint64_t>(tensor_of(call, ref).data_ptr());
+    std::memcpy(params.data() + offset, &address, sizeof address);
+  }
+
+  if (record) {
+    PyObject* blob = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(params.data()),
+                                               static_cast<Py_ssize_t>(params.size()));
+    PyObject* offsets = PyTuple_New(static_cast<Py_ssize_t>(plan.offsets.size()));
+    for (size_t i = 0; i < plan.offsets.size(); ++i) {
+      PyTuple_SET_ITEM(offsets, i, PyLong_FromSize_t(plan.offsets[i]));
+    }
+    PyObject* r = PyObject_CallFunction(
+        g_recorder, "K(III)IIIiiKNN", static_cast<unsigned long long>(plan.function),
+        plan.grid[0], plan.grid[1], plan.grid[2], plan.threads, plan.shared, plan.num_ctas,
+        static_cast<int>(plan.pdl), static_cast<int>(plan.cooperative),
+        static_cast<unsigned long long>(stream), blob, offsets);
+    if (r == nullptr) return nullptr;
+    Py_DECREF(r);
+  } else if (plan.grid[0] * plan.grid[1] * plan.grid[2] > 0) {
+    std::vector<void*> pointers(plan.offsets.size());
+    for (size_t i = 0; i < plan.offsets.size(); ++i) pointers[i] = params.data() + plan.offsets[i];
+    CUlaunchAttribute attributes[4];
+    unsigned n_attributes = 0;
+    if (plan.pdl) {
+      attributes[n_attributes].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attributes[n_attributes++].value.programmaticStreamSerializationAllowed = 1;
+    }
+    if (plan.cooperative) {
+      attributes[n_attributes].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+      attributes[n_attributes++].value.cooperative = 1;
+    }
+    CUlaunchConfig config;
+    std::memset(&config, 0, sizeof config);
+    config.gridDimX = plan.grid[0] * plan.num_ctas;
+    config.gridDimY = plan.grid[1];
+    config.gridDimZ = plan.grid[2];
+    config.blockDimX = plan.threads;
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = plan.shared;
+    config.hStream = reinterpret_cast<CUstream>(stream);
+    config.attrs = attributes;
+    config.numAttrs = n_attributes;
+    const CUfunction function = reinterpret_cast<CUfunction>(plan.function);
+    CUresult code;
+    Py_BEGIN_ALLOW_THREADS;
+    code = d->launch(&config, function, pointers.data(), nullptr);
+    Py_END_ALLOW_THREADS;
+    if (code != CUDA_SUCCESS) return raise_launch_error(code);
+  }
+
+  for (int index : plan.bump) {
+    const at::Tensor& t = THPVariable_Unpack(args[index]);
+    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+  }
+  if (plan.result_kind == 0) Py_RETURN_NONE;
+  if (plan.result_kind == 1) {
+    Ref ref = plan.result[0];
+    return ref >= 0 ? Py_NewRef(args[ref]) : THPVariable_Wrap(call.fresh[-ref - 1]);
+  }
+  PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(plan.result.size()));
+  if (result == nullptr) return nullptr;
+  for (size_t i = 0; i < plan.result.size(); ++i) {
+    Ref ref = plan.result[i];
+    PyObject* item = ref >= 0 ? Py_NewRef(args[ref]) : THPVariable_Wrap(call.fresh[-ref - 1]);
+    if (item == nullptr) {
+      Py_DECREF(result);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(result, i, item);
+  }
+  return result;
+}
+
+PyObject* cache_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* cache = reinterpret_cast<PlanCacheObject*>(self);
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) return Py_NewRef(g_miss);
+  std::shared_ptr<const Plan> plan;
+  try {
+    if (cache->plans->empty() || !make_key(args, n, t_key)) return Py_NewRef(g_miss);
+    auto found = cache->plans->find(t_key);
+    if (found == cache->plans->end() || !found->second) return Py_NewRef(g_miss);
+    plan = found->second;  // kept alive through the launch, which releases the GIL
+  } catch (const std::exception&) {
+    return Py_NewRef(g_miss);  // e.g. a tensor without sizes or storage
+  }
+  if (!gate_open() || !guards_hold(g_guards)) return Py_NewRef(g_miss);
+  try {
+    return run_plan(*plan, args);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Building plans from their Python description (see strictops.ops._host_path).
+
+bool as_refs(PyObject* seq, std::vector<Ref>& out) {
+  PyObject* fast = PySequence_Fast(seq, "expected a sequence of tensor references");
+  if (fast == nullptr) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+    long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (v == -1 && PyErr_Occurred()) {
+      Py_DECREF(fast);
+      return false;
+    }
+    out.push_back(static_cast<Ref>(v));
+  }
+  Py_DECREF(fast);
+  return true;
+}
+
+// spec: (device, disjoint pairs, allocations, launch, bump, result_kind, result refs, guards)
+//   allocations: ((sizes, dtype, split), ...)
+//   launch: (function, (gx, gy, gz), threads, shared, num_ctas, pdl, cooperative, params)
+//   params: per parameter, bytes (a constant, packed) or an int (a tensor reference whose
+//   address the 8-byte parameter holds)
+std::unique_ptr<Plan> parse_plan(PyObject* spec) {
+  auto plan = std::make_unique<Plan>();
+  PyObject *disjoint, *allocations, *launch, *bump, *result, *guards;
+  int device, result_kind;
+  if (!PyArg_ParseTuple(spec, "iOOOOiOO", &device, &disjoint, &allocations, &launch, &bump,
+                        &result_kind, &result, &guards)) {
+    return nullptr;
+  }
+  plan->device = device;
+  plan->result_kind = result_kind;
+  std::vector<Ref> pair_refs;
+  if (!as_refs(disjoint, pair_refs) || pair_refs.size() % 2 != 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "disjoint: flat pairs");
+    return nullptr;
+  }
+  for (size_t i = 0; i < pair_refs.size(); i += 2) {
+    plan->disjoint.emplace_back(pair_refs[i], pair_refs[i + 1]);
+  }
+  if (!as_refs(bump, plan->bump) || !as_refs(result, plan->result)) return nullptr;
+  PyObject* allocs = PySequence_Fast(allocations, "allocations");
+  if (allocs == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(allocs); ++i) {
+    PyObject *sizes, *dtype;
+    int split;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(allocs, i), "OOp", &sizes, &dtype, &split)) {
+      Py_DECREF(allocs);
+      return nullptr;
+    }
+    if (!THPDtype_Check(dtype)) {
+      Py_DECREF(allocs);
+      PyErr_SetString(PyExc_TypeError, "allocation dtype must be a torch.dtype");
+      return nullptr;
+    }
+    Allocation a;
+    PyObject* dims = PySequence_Fast(sizes, "allocation sizes");
+    if (dims == nullptr) {
+      Py_DECREF(allocs);
+      return nullptr;
+    }
+    for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(dims); ++j) {
+      a.sizes.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, j)));
+    }
+    Py_DECREF(dims);
+    if (PyErr_Occurred()) {
+      Py_DECREF(allocs);
+      return nullptr;
+    }
+    a.dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+    a.split = split != 0;
+    plan->allocations.push_back(std::move(a));
+  }
+  Py_DECREF(allocs);
+
+  PyObject* params;
+  unsigned long long function;
+  int pdl, cooperative;
+  if (!PyArg_ParseTuple(launch, "K(III)IIIppO", &function, &plan->grid[0], &plan->grid[1],
+                        &plan->grid[2], &plan->threads, &plan->shared, &plan->num_ctas, &pdl,
+                        &cooperative, &params)) {
+    return nullptr;
+  }
+  plan->function = function;
+  plan->pdl = pdl != 0;
+  plan->cooperative = cooperative != 0;
+  PyObject* items = PySequence_Fast(params, "params");
+  if (items == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items); ++i) {
+    PyObject* p = PySequence_Fast_GET_ITEM(items, i);
+    size_t offset = plan->params.size();
+    plan->offsets.push_back(offset);
+    if (PyBytes_Check(p)) {
+      Py_ssize_t size = PyBytes_GET_SIZE(p);
+      if (size < 1 || size > 8) {
+        Py_DECREF(items);
+        PyErr_SetString(PyExc_ValueError, "a packed parameter takes 1 to 8 bytes");
+        return nullptr;
+      }
+      plan->params.resize(offset + 8, 0);
+      std::memcpy(plan->params.data() + offset, PyBytes_AS_STRING(p), size);
+    } else {
+      long ref = PyLong_AsLong(p);
+      if (ref == -1 && PyErr_Occurred()) {
+        Py_DECREF(items);
+        return nullptr;
+      }
+      plan->params.resize(offset + 8, 0);
+      plan->pointers.emplace_back(offset, static_cast<Ref>(ref));
+    }
+  }
+  Py_DECREF(items);
+  if (guards != Py_None) {
+    if (!PyTuple_Check(guards)) {
+      PyErr_SetString(PyExc_TypeError, "guards must be a tuple or None");
+      return nullptr;
+    }
+    plan->guards = Py_NewRef(guards);
+  }
+  return plan;
+}
+
+// cache.add(args, spec): the plan of ``args``'s key (spec None: the key has no plan, and its
+// calls stay MISS without asking again). Returns whether ``args`` has a key.
+PyObject* cache_add(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+  auto* cache = reinterpret_cast<PlanCacheObject*>(self);
+  if (n != 2 || !PyTuple_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "add(args: tuple, spec)");
+    return nullptr;
+  }
+  std::vector<int64_t> key;
+  try {
+    if (!make_key(&PyTuple_GET_ITEM(args[0], 0), PyTuple_GET_SIZE(args[0]), key)) {
+      Py_RETURN_FALSE;
+    }
+  } catch (const std::exception&) {
+    Py_RETURN_FALSE;
+  }
+  std::shared_ptr<const Plan> plan;
+  if (args[1] != Py_None) {
+    plan = parse_plan(args[1]);
+    if (!plan) return nullptr;
+  }
+  if (static_cast<Py_ssize_t>(cache->plans->size()) >= cache->max_entries) cache->plans->clear();
+  (*cache->plans)[std::move(key)] = std::move(plan);
+  Py_RETURN_TRUE;
+}
+
+// cache.known(*args): whether ``args``'s key has an entry (a plan or None); None where
+// ``args`` has no key (no plan can ever serve it).
+PyObject* cache_known(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+  auto* cache = reinterpret_cast<PlanCacheObject*>(self);
+  std::vector<int64_t> key;
+  try {
+    if (!make_key(args, n, key)) Py_RETURN_NONE;
+  } catch (const std::exception&) {
+    Py_RETURN_NONE;
+  }
+  return PyBool_FromLong(cache->plans->count(key) != 0);
+}
+
+PyObject* cache_clear(PyObject* self, PyObject*) {
+  reinterpret_cast<PlanCacheObject*>(self)->plans->clear();
+  Py_RETURN_NONE;
+}
+
+Py_ssize_t cache_len(PyObject* self) {
+  return static_cast<Py_ssize_t>(reinterpret_cast<PlanCacheObject*>(self)->plans->size());
+}
+
+PyObject* cache_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  Py_ssize_t max_entries = 1024;
+  static const char* names[] = {"max_entries", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|n", const_cast<char**>(names),
+                                   &max_entries)) {
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<PlanCacheObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->call = cache_call;
+  self->plans = new PlanMap();
+  self->max_entries = max_entries;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void cache_dealloc(PyObject* self) {
+  delete reinterpret_cast<PlanCacheObject*>(self)->plans;
+  Py_TYPE(self)->tp_free(self);
+}
+
+}  // namespace
+
+static PyMethodDef cache_methods[] = {
+    {"add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(cache_add)),
+     METH_FASTCALL, "add(args, spec): the plan of the call signature of args (spec None: none)"},
+    {"known", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(cache_known)),
+     METH_FASTCALL, "known(*args): whether the call signature of args has an entry"},
+    {"clear", cache_clear, METH_NOARGS, "drop every plan"},
+    {nullptr, nullptr, 0, nullptr}};
+
+static PySequenceMethods cache_sequence = {cache_len};
+
+static PyTypeObject PlanCacheType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+static PyObject* configure(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"tensor_type", "gate", "get_device", "get_stream", "guards",
+                                "recorder", nullptr};
+  PyObject *tensor_type, *gate, *get_device, *get_stream, *guards, *recorder;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOO!O", const_cast<char**>(names),
+                                   &PyType_Type, &tensor_type, &PyTuple_Type, &gate, &get_device,
+                                   &get_stream, &PyTuple_Type, &guards, &recorder)) {
+    return nullptr;
+  }
+  Py_XSETREF(g_tensor_type, reinterpret_cast<PyTypeObject*>(Py_NewRef(tensor_type)));
+  Py_XSETREF(g_gate, Py_NewRef(gate));
+  Py_XSETREF(g_get_device, Py_NewRef(get_device));
+  Py_XSETREF(g_get_stream, Py_NewRef(get_stream));
+  Py_XSETREF(g_guards, Py_NewRef(guards));
+  Py_XSETREF(g_recorder, Py_NewRef(recorder));
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)),
+     METH_VARARGS | METH_KEYWORDS,
+     "configure(tensor_type, gate, get_device, get_stream, guards, recorder)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_host_plans",
+                                        "Eager calls prepared once per signature, run in C++.",
+                                        -1, module_methods};
+
+PyMODINIT_FUNC PyInit__host_plans(void) {
+  PlanCacheType.tp_name = "strictops.ops._host_plans.PlanCache";
+  PlanCacheType.tp_basicsize = sizeof(PlanCacheObject);
+  PlanCacheType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  PlanCacheType.tp_vectorcall_offset = offsetof(PlanCacheObject, call);
+  PlanCacheType.tp_call = PyVectorcall_Call;
+  PlanCacheType.tp_new = cache_new;
+  PlanCacheType.tp_dealloc = cache_dealloc;
+  PlanCacheType.tp_methods = cache_methods;
+  PlanCacheType.tp_as_sequence = &cache_sequence;
+  PlanCacheType.tp_doc = "Plans of one op's eager calls, keyed by call signature.";
+  if (PyType_Ready(&PlanCacheType) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  g_miss = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  g_empty = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  if (g_miss == nullptr || g_empty == nullptr ||
+      PyModule_AddObjectRef(m, "MISS", g_miss) < 0 ||
+      PyModule_AddObjectRef(m, "EMPTY", g_empty) < 0 ||
+      PyModule_AddObjectRef(m, "PlanCache", reinterpret_cast<PyObject*>(&PlanCacheType)) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

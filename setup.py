@@ -1,0 +1,32 @@
+"""The build's one compiled part: ``strictops.ops._host_plans``, the C++ eager fast path
+(``ops/_host_plans.cpp``; ``strictops.ops._host_path`` says what it does).
+
+It is built against the torch of the build environment, so install without build isolation
+(``pip install --no-build-isolation .``). Without torch in the build environment, with
+``STRICTOPS_NO_HOST_EXTENSION=1``, or where it fails to compile, the package installs without
+it and every eager call takes the Python path.
+"""
+
+import os
+
+from setuptools import setup
+
+
+def _host_extension():
+    if os.environ.get("STRICTOPS_NO_HOST_EXTENSION") == "1":
+        return [], {}
+    try:
+        import triton
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        return [], {}
+    cuda_headers = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "include")
+    extension = CppExtension(
+        "strictops.ops._host_plans", ["ops/_host_plans.cpp"],
+        include_dirs=[cuda_headers], extra_compile_args=["-O2"], libraries=["dl"],
+        optional=True)
+    return [extension], {"build_ext": BuildExtension.with_options(use_ninja=False)}
+
+
+_extensions, _commands = _host_extension()
+setup(ext_modules=_extensions, cmdclass=_commands)

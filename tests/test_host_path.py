@@ -1,0 +1,217 @@
+"""The C++ eager path's plan cache (strictops.ops._host_path), on CPU.
+
+A plan serves a call only where the call's key equals the planned one's, so the key must be at
+least as fine as everything a plan assumes: the contract's cached signature and the cached
+launcher's specialisation. These tests change one piece of a planned call at a time and require
+a MISS; they check that the gate refuses every mode the dispatcher must see, that launch hooks
+and rebound globals refuse plans, and that a plan's per-call ``disjoint`` rows give the
+contract's verdict on aliasing views. The launches a plan makes are compared with the Python
+path's in tests/test_launcher.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from strictops.meta._contract import CachedValidation, Check, Contract, disjoint, disjoint_check
+
+host_plans = pytest.importorskip("strictops.ops._host_plans",
+                                 reason="built without the C++ eager path")
+from strictops.ops import _host_path  # noqa: E402
+from strictops.ops._host_path import MISS, HostPath  # noqa: E402
+
+
+@pytest.fixture
+def recorded():
+    launches = []
+    _host_path.configure(recorder=lambda *launch: launches.append(launch))
+    try:
+        yield launches
+    finally:
+        _host_path.configure()
+
+
+def _spec(pairs=(), result_kind=0, result=(), bump=(), guards=None):
+    """A plan without allocations that launches a one-parameter kernel (argument 0's
+    address) on a CPU "device" (record mode)."""
+    launch = (1234, (1, 1, 1), 128, 0, 1, False, False, (0, bytes(8), bytes(8)))
+    return (-1, tuple(r for p in pairs for r in p), (), launch, bump, result_kind, result,
+            guards)
+
+
+def _base():
+    x = torch.zeros(4, 8)
+    return (x, torch.zeros(8, dtype=torch.int32), None, 3, 0.5, True)
+
+
+def _variants(args):
+    """Calls that each differ from ``args`` in one piece of what a key holds."""
+    x, y, *rest = args
+    storage = torch.zeros(64)
+    yield "dtype", (x.double(), y, *rest)
+    yield "shape", (torch.zeros(4, 9), y, *rest)
+    yield "rank", (torch.zeros(32), y, *rest)
+    yield "stride", (torch.empty_strided((4, 8), (1, 4)), y, *rest)
+    yield "storage offset", (storage[16:48].view(4, 8), y, *rest)
+    yield "alignment", (storage[1:33].view(4, 8), y, *rest)
+    yield "None for a tensor", (x, None, *rest)
+    yield "a tensor for None", (x, y, torch.zeros(1), *rest[1:])
+    yield "int value", (x, y, None, 4, *rest[2:])
+    yield "int for float", (x, y, None, 3, 1, True)
+    yield "float value", (x, y, None, 3, 0.25, True)
+    yield "bool value", (x, y, None, 3, 0.5, False)
+    yield "int for bool", (x, y, None, 3, 0.5, 1)
+    yield "one tensor twice", (x, x.view(4, 8), None, 3, 0.5, True)
+    yield "subclass", (torch.nn.Parameter(x, requires_grad=False), y, *rest)
+    yield "requires grad", (x.clone().requires_grad_(), y, *rest)
+    yield "a list", (x, [y], *rest)
+    yield "another type", (x, y, None, 3, 0.5, "yes")
+    yield "fewer arguments", (x, y, None, 3, 0.5)
+
+
+def test_a_call_that_differs_in_one_piece_misses(recorded):
+    cache = host_plans.PlanCache()
+    args = _base()
+    assert cache(*args) is MISS and cache.known(*args) is False
+    assert cache.add(args, _spec()) is True
+    assert cache(*args) is None and len(recorded) == 1
+    # The same metadata in other tensors: the plan, with their addresses.
+    again = (torch.zeros(4, 8), torch.zeros(8, dtype=torch.int32), None, 3, 0.5, True)
+    assert cache(*again) is None
+    assert int.from_bytes(recorded[-1][8][:8], "little") == again[0].data_ptr()
+    for what, variant in _variants(args):
+        assert cache(*variant) is MISS, what
+    assert len(recorded) == 2
+
+
+def test_one_tensor_twice_is_its_own_key(recorded):
+    cache = host_plans.PlanCache()
+    x = torch.zeros(4)
+    assert cache.add((x, x), _spec(result_kind=2, result=(0, 1))) is True
+    assert cache(x, torch.zeros(4)) is MISS
+    assert cache(torch.zeros(4), torch.zeros(4)) is MISS
+    y = torch.zeros(4)
+    out = cache(y, y)
+    assert out[0] is y and out[1] is y
+
+
+def test_no_key_for_other_argument_kinds():
+    cache = host_plans.PlanCache()
+    for odd in ([torch.zeros(1)], (1, 2), "a", 2**70, torch.zeros(2).to_sparse(), object()):
+        assert cache.known(odd) is None and cache.add((odd,), None) is False
+
+
+def test_the_gate_refuses_what_the_dispatcher_must_see(recorded):
+    cache = host_plans.PlanCache()
+    args = _base()
+    cache.add(args, _spec())
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert cache(*args) is MISS
+    with torch.overrides.TorchFunctionMode():
+        assert cache(*args) is MISS
+    with torch.no_grad():  # grad mode off: an input that requires grad is fine
+        grad_args = (args[0].clone().requires_grad_(), *args[1:])
+        assert cache.known(*grad_args) is True
+    assert cache.known(*grad_args) is None  # grad mode on: no key
+    seen = []
+    torch.func.vmap(lambda t: seen.append(cache(t[0], *args[1:])) or t)(args[0][None])
+    assert seen == [MISS]
+    assert cache(*args) is None and len(recorded) == 1
+
+
+def test_launch_hooks_and_knobs_refuse_plans(recorded):
+    from triton import knobs
+    cache = host_plans.PlanCache()
+    args = _base()
+    cache.add(args, _spec())
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert cache(*args) is MISS
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    debug = knobs.runtime.debug
+    knobs.runtime.debug = not debug
+    try:
+        assert cache(*args) is MISS
+    finally:
+        knobs.runtime.debug = debug
+    assert cache(*args) is None
+
+
+def test_plan_guards_on_a_rebound_global(recorded):
+    namespace = {"SCALE": 2}
+    cache = host_plans.PlanCache()
+    args = _base()
+    cache.add(args, _spec(guards=((namespace, ("SCALE",), namespace["SCALE"]),)))
+    assert cache(*args) is None
+    namespace["SCALE"] = 3
+    assert cache(*args) is MISS
+    del namespace["SCALE"]
+    assert cache(*args) is MISS
+
+
+def test_version_counters_and_results(recorded):
+    cache = host_plans.PlanCache()
+    args = _base()
+    cache.add(args, _spec(result_kind=1, result=(1,), bump=(0,)))
+    x = torch.zeros(4, 8)
+    version = x._version
+    assert cache(x, *args[1:]) is args[1] and x._version == version + 1
+    with torch.inference_mode():
+        z = torch.zeros(4, 8)
+    assert cache(z, *args[1:]) is args[1]  # an inference tensor has no version counter
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 24), st.sampled_from(
+    [torch.float32, torch.int16, torch.uint8])), min_size=2, max_size=2),
+    st.booleans())
+def test_disjoint_rows_give_the_contract_verdict(views, shared):
+    """Two views (offset, length, dtype) of one storage or of two: the plan serves the call
+    exactly when the contract's ``disjoint`` row holds."""
+    _host_path.configure(recorder=lambda *launch: None)
+    try:
+        storages = [torch.zeros(256, dtype=torch.uint8) for _ in range(2)]
+        tensors = []
+        for i, (offset, length, dtype) in enumerate(views):
+            base = storages[0 if shared else i]
+            size = torch.empty(0, dtype=dtype).element_size()
+            start = offset - offset % size
+            tensors.append(base[start:start + length * size].view(dtype))
+        row = disjoint_check("apart", (("a", "b"),), lambda **_: "a and b overlap")
+        cache = host_plans.PlanCache()
+        cache.add(tuple(tensors), _spec(pairs=((0, 1),)))
+        served = cache(*tensors) is not MISS
+        assert served == bool(row.ok(type("A", (), {"a": tensors[0], "b": tensors[1]})))
+        assert served == bool(disjoint(*tensors))
+    finally:
+        _host_path.configure()
+
+
+def test_no_plan_for_a_signature_with_other_per_call_rows():
+    """A signature whose per-call rows include one that reads values gets an entry of None:
+    its calls stay on the Python path, which runs that row."""
+    values = Check("values", lambda a: True, lambda **_: "", reads_values=True)
+    apart = disjoint_check("apart", (("a", "b"),), lambda **_: "overlap")
+    validation = CachedValidation(Contract("strictops::stand_in", "stand_in", (apart, values)),
+                                  ("a", "b"))
+    host = HostPath(validation)
+    args = (torch.zeros(4), torch.zeros(4))
+    validation(*args)
+    host.register(args, launcher=None, grid=(1,), kernel_args=(), options=(), device=-1)
+    assert host.cache.known(*args) is True and host.call(*args) is MISS
+
+
+def test_disjoint_check_needs_only_with_to_cover_every_pair():
+    with pytest.raises(TypeError, match="misses a pair"):
+        disjoint_check("apart", (("a", "b"), ("c", "d")), lambda **_: "", only_with=("a",))
