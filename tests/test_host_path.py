@@ -215,3 +215,101 @@ def test_no_plan_for_a_signature_with_other_per_call_rows():
 def test_disjoint_check_needs_only_with_to_cover_every_pair():
     with pytest.raises(TypeError, match="misses a pair"):
         disjoint_check("apart", (("a", "b"), ("c", "d")), lambda **_: "", only_with=("a",))
+
+
+# On a GPU: the plans' results are the Python path's, bit for bit; a planned signature still
+# gets the contract's error for a call that breaks a rule; a planned call captures and replays
+# in a CUDA graph.
+
+from strictops.meta.testing import gpu  # noqa: E402
+
+
+def _sparse_args(seed=1, **changes):
+    from strictops.meta import sparse_mla_prefill as smp
+    from strictops.ops import sparse_mla_prefill as sparse
+    dims = smp.Dims(s_q=5, s_kv=700, h_q=128, d_qk=576, topk=256, device="cuda")
+    args = sparse.random_inputs(dims, torch.Generator(device="cuda").manual_seed(seed))
+    for name in (*smp.BUFFERS, "topk_length_errors", "topk_length", "attn_sink"):
+        args.pop(name, None)
+    args.update(changes)
+    return args
+
+
+@gpu
+@pytest.mark.parametrize("with_out", [False, True])
+def test_gpu_sparse_mla_plan_equals_python_path(with_out):
+    from strictops.meta import sparse_mla_prefill as smp
+    from strictops.ops import sparse_mla_prefill as sparse
+    args = _sparse_args()
+    if with_out:
+        args["out"] = torch.empty(5, 128, 512, dtype=torch.bfloat16, device="cuda")
+    through = torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(
+        *(args.get(n) for n in smp.ARGUMENTS))
+    before = len(sparse._HOST.cache)
+    first = [t.clone() for t in sparse.sparse_mla_q8kv8_prefill_fwd(**args)]  # Python path
+    assert len(sparse._HOST.cache) == before + 1
+    planned = sparse.sparse_mla_q8kv8_prefill_fwd(**args)
+    assert sparse._HOST.call(*(args.get(n) for n in smp.ARGUMENTS)) is not MISS
+    for a, b in zip(first, planned):
+        assert torch.equal(a, b)
+    assert torch.equal(first[0], through[0])
+    if with_out:
+        assert planned[0] is args["out"]
+
+
+@gpu
+def test_gpu_planned_signature_still_raises():
+    from strictops.ops import sparse_mla_prefill as sparse
+    args = _sparse_args()
+    sparse.sparse_mla_q8kv8_prefill_fwd(**args)
+    sparse.sparse_mla_q8kv8_prefill_fwd(**args)
+    bad = dict(args, out=torch.empty(5, 128, 512, dtype=torch.float16, device="cuda"))
+    with pytest.raises(ValueError, match="out"):
+        sparse.sparse_mla_q8kv8_prefill_fwd(**bad)
+    shared = torch.empty(2 * 5 * 128, dtype=torch.float32, device="cuda")
+    alias = dict(args, max_logits=shared[:640].view(5, 128), lse=shared[320:960].view(5, 128))
+    for _ in range(2):  # the signature of two overlapping views: the contract's error each time
+        with pytest.raises(ValueError, match="must not alias"):
+            sparse.sparse_mla_q8kv8_prefill_fwd(**alias)
+    apart = dict(args, max_logits=shared[:640].view(5, 128), lse=shared[640:].view(5, 128))
+    sparse.sparse_mla_q8kv8_prefill_fwd(**apart)
+    sparse.sparse_mla_q8kv8_prefill_fwd(**apart)  # planned: its disjoint row runs per call
+    overlapping = dict(apart, lse=shared[320:960].view(5, 128))
+    assert overlapping["lse"].storage_offset() != apart["lse"].storage_offset()
+    with pytest.raises(ValueError, match="must not alias"):
+        sparse.sparse_mla_q8kv8_prefill_fwd(**overlapping)
+
+
+@gpu
+def test_gpu_mamba_scatter_plan_equals_reference():
+    from strictops.ops import mamba_state_scatter as mss
+    g = torch.Generator(device="cuda").manual_seed(3)
+    dst = torch.randn(3, 9, 4, 32, device="cuda", generator=g)
+    src = torch.randn(3, 6, 4, 4, 32, device="cuda", generator=g)
+    for seed in range(3):  # the Python path, then the plan, twice
+        slots = torch.randint(-2, 11, (6,), device="cuda", dtype=torch.int32, generator=g)
+        steps = torch.randint(-1, 5, (6,), device="cuda", dtype=torch.int64, generator=g)
+        expected = mss.reference(dst, src, slots, steps)
+        mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+        assert torch.equal(dst, expected)
+    assert mss._HOST_CALL(dst, src, slots, steps, None) is not MISS
+
+
+@gpu
+def test_gpu_planned_call_captures_in_a_cuda_graph():
+    from strictops.ops import sparse_mla_prefill as sparse
+    args = _sparse_args()
+    expected = [t.clone() for t in sparse.sparse_mla_q8kv8_prefill_fwd(**args)]
+    sparse.sparse_mla_q8kv8_prefill_fwd(**args)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        captured = sparse.sparse_mla_q8kv8_prefill_fwd(**args)
+    torch.cuda.current_stream().wait_stream(stream)
+    for t in captured:
+        t.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(expected, captured):
+        assert torch.equal(a, b)
