@@ -42,6 +42,7 @@ from strictops.ops import mamba_state_scatter as mss
 from strictops.ops import sparse_mla_prefill as sparse
 from strictops.ops import transport_pool as tp
 from strictops.ops._dispatch import can_skip_dispatcher
+from strictops.ops._host_path import MISS
 from strictops.ops._launcher import Launcher
 
 # The sm_90 launch path (an older checkout: the Gluon kernel module); None without Gluon.
@@ -117,6 +118,17 @@ def c_launch_us(launcher, grid, args, options) -> float | None:
     return per_call_us(lambda: prepared.launch(*grid, stream, *prepared.head, *values))
 
 
+def python_path(module, calls: dict) -> dict:
+    """``per_call_us`` of each of ``calls`` with ``module``'s C++ eager path off (every call
+    takes the Python path)."""
+    saved = module._HOST_CALL
+    module._HOST_CALL = lambda *args: MISS
+    try:
+        return {name: per_call_us(fn) for name, fn in calls.items()}
+    finally:
+        module._HOST_CALL = saved
+
+
 def sparse_pieces() -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     dims = smp.Dims(s_q=64, s_kv=8192, h_q=128, d_qk=576, topk=512, device="cuda")
@@ -158,6 +170,12 @@ def sparse_pieces() -> dict:
         "public_out": per_call_us(lambda: sparse.sparse_mla_q8kv8_prefill_fwd(
             *args[:9], out=out, max_logits=ml, lse=lse)),
         "public_no_out_bench_host": bench_host_us(public),
+        "plan_no_out": per_call_us(lambda: sparse._HOST.call(*args)),
+        "plan_out": per_call_us(lambda: sparse._HOST.call(*args[:9], out, ml, lse, None)),
+        **python_path(sparse, {
+            "public_no_out_python_path": public,
+            "public_out_python_path": lambda: sparse.sparse_mla_q8kv8_prefill_fwd(
+                *args[:9], out=out, max_logits=ml, lse=lse)}),
         "dispatcher_op": per_call_us(lambda: torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd(
             *args)),
     }
@@ -194,6 +212,9 @@ def mamba_pieces() -> dict:
         "public_bench_host": bench_host_us(public),
         "public_tiny": per_call_us(public_tiny),
         "public_tiny_bench_host": bench_host_us(public_tiny),
+        "plan": per_call_us(lambda: mss._HOST_CALL(*args)),
+        **python_path(mss, {"public_python_path": public,
+                            "public_tiny_python_path": public_tiny}),
         "public_bench_host_gpu_busy": busy_gpu_host_us(public),
         "public_64_requests_bench_host": bench_host_us(
             lambda: mss.fused_mamba_state_scatter_with_mask(*busy)),
