@@ -132,7 +132,8 @@ class HostPath:
 
     def register(self, args: tuple, launcher, grid: Sequence[int], kernel_args: Sequence[Any],
                  options: tuple, device: int, allocations: Sequence[tuple] = (),
-                 fresh: Sequence[torch.Tensor] = (), result: Any = None) -> None:
+                 fresh: Sequence[torch.Tensor] = (), result: Any = None,
+                 settings: Sequence[tuple] = ()) -> None:
         """After the Python path served ``args`` (the op's arguments, as :attr:`call` takes
         them): make the plan of their signature, unless it has an entry already.
 
@@ -141,7 +142,9 @@ class HostPath:
         launcher. ``allocations``: per allocation the Python path made, ``(sizes, dtype,
         split)`` (``split``: unbound along dim 0), in order, and ``fresh`` the tensors they gave
         (flattened). ``result``: what the op returned: None, a tensor, or a tuple of tensors,
-        each an argument or a fresh tensor.
+        each an argument or a fresh tensor. ``settings``: ``(namespace, name)`` of each
+        module setting the Python path read to choose its launch (a kernel choice, a tuning
+        dict): the plan serves calls only while each equals its value now.
 
         Every non-tensor kernel argument must be a function of the signature (sizes, strides,
         dtypes, scalar arguments), never of a tensor's address or values; the signature gets
@@ -154,8 +157,12 @@ class HostPath:
         rows = self.validation.rows_for(args)
         if rows is None:
             return  # not a passed signature (cannot happen after a served call; no entry)
-        cache.add(args, self._spec(args, rows, launcher, grid, kernel_args, options, device,
-                                   allocations, fresh, result))
+        spec = self._spec(args, rows, launcher, grid, kernel_args, options, device,
+                          allocations, fresh, result)
+        if spec is not None and settings:
+            spec = (*spec[:7], (*spec[7], *((namespace, (name,), _copy(namespace[name]), True)
+                                            for namespace, name in settings)))
+        cache.add(args, spec)
 
     def _spec(self, args, rows, launcher, grid, kernel_args, options, device, allocations,
               fresh, result):
@@ -189,6 +196,12 @@ class HostPath:
         bump = tuple(i for i in self.writes if args[i] is not None)
         return (device, tuple(pairs), tuple(allocations), launch, bump, kind, result_refs,
                 _launch_guards(launcher.fn, prepared))
+
+
+def _copy(value):
+    """A setting's value as a plan keeps it: a dict's copy (the setting may change in
+    place), anything else itself."""
+    return dict(value) if isinstance(value, dict) else value
 
 
 def _launch(prepared, grid, kernel_args, refs):

@@ -54,9 +54,9 @@ PyObject* g_guards = nullptr;        // tuple of guards, see guards_hold()
 PyObject* g_recorder = nullptr;      // None, or a callable that receives launches (tests)
 PyObject* g_empty = nullptr;         // the EMPTY guard marker
 
-// A guard: (root, path, expected). The object reached from ``root`` through ``path`` (attribute
-// names, or keys where the object is a dict) must be ``expected`` itself, or, where
-// ``expected`` is EMPTY, a sized object of length 0.
+// A guard: (root, path, expected[, equal]). The object reached from ``root`` through ``path``
+// (attribute names, or keys where the object is a dict) must be ``expected`` itself; equal to
+// it where ``equal`` is True; or, where ``expected`` is EMPTY, a sized object of length 0.
 bool guards_hold(PyObject* guards) {
   if (guards == nullptr) return true;
   Py_ssize_t n = PyTuple_GET_SIZE(guards);
@@ -88,6 +88,10 @@ bool guards_hold(PyObject* guards) {
       Py_ssize_t len = PyObject_Length(obj);
       if (len < 0) PyErr_Clear();
       ok = len == 0;
+    } else if (PyTuple_GET_SIZE(g) > 3 && PyTuple_GET_ITEM(g, 3) == Py_True) {
+      int equal = PyObject_RichCompareBool(obj, expected, Py_EQ);
+      if (equal < 0) PyErr_Clear();
+      ok = equal == 1;
     } else {
       ok = obj == expected;
     }

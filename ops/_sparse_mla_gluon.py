@@ -423,6 +423,7 @@ def launch_kernel(kernel, constexprs_of, defaults, q, kv, indices, sm_scale, q_s
         **constexprs_of(d_qk, topk_length is not None, attn_sink is not None,
                         topk_length_errors is not None, **tuning),
         num_warps=4, maxnreg=tuned(defaults, tuning)["max_regs"],
+        launch_pdl=tuned(defaults, tuning).get("pdl", False),
     )
 
 

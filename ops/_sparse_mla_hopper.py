@@ -104,10 +104,13 @@ D_V = 512
 # measured slower); persistent CTAs, transposes after the second P·V (early ones measured
 # slower), O stored through shared memory 16 bytes a thread (4-byte stores from the wgmma
 # layout cost a sixth of the time at topk 512), 232/40 registers (setmaxnreg obeys 2 * consumer
-# + producer <= 3 * max). Every knob and its measurement: docs/design/sparse_mla_prefill.md
+# + producer <= 3 * max), a programmatic dependent launch (the CTAs start while the grid
+# before finishes and wait for it before touching memory). Every knob and its measurement:
+# docs/design/sparse_mla_prefill.md
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
           "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": True,
-          "o_smem": True, "consumer_regs": 232, "producer_regs": 40, "max_regs": 168}
+          "o_smem": True, "consumer_regs": 232, "producer_regs": 40, "max_regs": 168,
+          "pdl": True}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -115,6 +118,16 @@ _D_V = gl.constexpr(D_V)
 _LN2 = gl.constexpr(0.6931471805599453)
 # P = 2^(t - m + HEADROOM): the largest P is 256, below e4m3's 448, and small P stay normal.
 _HEADROOM = gl.constexpr(8.0)
+
+
+@gluon.jit
+def _wait_for_prior_grid():
+    """``griddepcontrol.wait``: block until the grid this one depends on (the stream's
+    previous kernel, where this one is launched as a programmatic dependent) has completed and
+    its memory is visible; then ``griddepcontrol.launch_dependents``: the next such grid may
+    start its CTAs as this one's leave the SMs."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; // $0",
+                              "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -629,6 +642,7 @@ def sparse_mla_hopper_kernel(
     O_SMEM: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     """Attention of one token and 64 heads (CTA ``pid``: token ``pid // (h_q // 64)``).
 
@@ -685,6 +699,8 @@ def sparse_mla_hopper_kernel(
     # The cp.async completions of Q: the consumers' (Q_ASYNC) or the producer's (PERSISTENT).
     mbarrier.init(q_bar, count=128 if PERSISTENT else 256)
     mbarrier.init(q_free, count=2)
+    if PDL:  # launched as a programmatic dependent: nothing above touches global memory
+        _wait_for_prior_grid()
 
     kv_scale = gl.load(kv_scale_ptr)
     # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).
@@ -735,7 +751,8 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
                 TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"] and not t["persistent"],
                 PERSISTENT=t["persistent"],
                 O_SMEM=t["o_smem"] and t["tr_cons"],  # through the consumers' Vᵀ halves
-                CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"])
+                CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"],
+                PDL=t["pdl"])
 
 
 def launch(*args, **tuning):

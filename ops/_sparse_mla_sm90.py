@@ -52,7 +52,8 @@ def _eager_constants(kernel: str, d_qk: int, has_topk_length: bool, has_attn_sin
     call with the default tuning."""
     module = KERNELS[kernel]
     values = module.constexprs(d_qk, has_topk_length, has_attn_sink, has_errors)
-    return tuple(values.values()), (("num_warps", 4), ("maxnreg", module.TUNING["max_regs"]))
+    return tuple(values.values()), (("num_warps", 4), ("maxnreg", module.TUNING["max_regs"]),
+                                    ("launch_pdl", module.TUNING.get("pdl", False)))
 
 
 def launch_eager(grid, runtime_args, d_qk, has_topk_length, has_attn_sink, has_errors, device):

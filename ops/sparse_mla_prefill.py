@@ -318,11 +318,16 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
         launch = (_LAUNCHER, grid, (*runtime, d_qk, *flags, contract.HEAD_BLOCK, t["block_n"]),
                   (("num_warps", t["num_warps"]), ("num_stages", t["num_stages"])))
         _LAUNCHER(*launch[1:], device)
-    _HOST.register(args, *launch, device, allocations, fresh, (out, max_logits, lse))
+    _HOST.register(args, *launch, device, allocations, fresh, (out, max_logits, lse),
+                   _SETTINGS)
     return out, max_logits, lse
 
 
 _HOST_CALL = _HOST.call
+# What the eager path reads to choose its launch, which a plan must see unchanged.
+_SETTINGS = ((globals(), "KERNEL"), (globals(), "TUNING"))
+if _sparse_mla_sm90 is not None:
+    _SETTINGS += ((vars(_sparse_mla_sm90), "KERNEL"),)
 
 
 def _allocated(allocations, fresh, sizes, dtype, q, split=False):

@@ -594,6 +594,17 @@ def test_sparse_mla_plan_launches_what_the_python_path_launches(
     ml, lse = planned_outputs[1:]
     assert (ml.untyped_storage().data_ptr() == lse.untyped_storage().data_ptr()) == (
         "max_logits" not in kw)
+    # Another kernel choice or tuning: the plan no longer serves the signature.
+    args = (q, kv, indices, 0.04, scale, scale, 512, None, None, kw.get("out"),
+            kw.get("max_logits"), kw.get("lse"), kw.get("topk_length_errors"))
+    for module, value in ((sparse, "triton"), (ws, "shared_s")):
+        saved, module.KERNEL = module.KERNEL, value
+        try:
+            assert host.call(*args) is sparse.MISS
+        finally:
+            module.KERNEL = saved
+    monkeypatch.setitem(sparse.TUNING, "num_warps", 4)
+    assert host.call(*args) is sparse.MISS
 
 
 @_needs_host_path
