@@ -116,44 +116,127 @@ def _fill(dims: contract.Dims, values: dict, device: str, gen: torch.Generator) 
     return args
 
 
+KERNELS = tuple(op.PATHS)  # "persistent" (the default) and "per_chunk"
+
+
+def _tunings(kernel: str):
+    """Tunings of ``kernel`` that reach its edge cases on interpreter-sized calls: several
+    chunks an entry, requests read and compared in blocks of 2 (the persistent kernel), one
+    program or a few doing many items."""
+    if kernel == "per_chunk":
+        return st.sampled_from([{}, {"block_bytes": 16}, {"block_bytes": 64}])
+    return st.fixed_dictionaries({
+        "chunk_bytes": st.sampled_from([16, 64, op.TUNING["persistent"]["chunk_bytes"]]),
+        "programs": st.integers(1, 7),
+        "scan": st.sampled_from([2, 4, op.SCAN]),
+        "tile": st.sampled_from([2, op.TILE]),
+    })
+
+
 @settings(SETTINGS, max_examples=120)
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
-    """Any index values (negative, out of range, near INT32_MAX, duplicate slots): the kernel
+    """Any index values (negative, out of range, near INT32_MAX, duplicate slots): each kernel
     writes exactly what the reference writes and reads nothing it should not."""
     dims = data.draw(calls_of.dims(device="cpu"))
     values = calls_of.index_values(data.draw, dims)
-    tuning = data.draw(st.sampled_from([{}, {"block_bytes": 16}, {"block_bytes": 64}]))
+    kernel = data.draw(st.sampled_from(KERNELS))
+    tuning = data.draw(_tunings(kernel))
     reverse = data.draw(st.booleans())  # the result must not depend on program order
     args = _fill(dims, values, "cpu", torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
     expected = op.reference(**args)
     src_before = args["src"].clone()
-    op.launch_interpreted(**args, reverse_programs=reverse, **tuning)
+    op.launch_interpreted(**args, reverse_programs=reverse, kernel=kernel, **tuning)
     assert torch.equal(args["dst"], expected)
     assert torch.equal(args["src"], src_before)
 
 
-def test_interpreted_kernel_reads_strided_index_tensors_in_place():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_interpreted_kernel_reads_strided_index_tensors_in_place(kernel):
     """Index tensors with a stride are read through it, not copied."""
     gen = torch.Generator().manual_seed(0)
     dst, src = torch.randn(2, 6, 3, generator=gen), torch.randn(2, 4, 3, 3, generator=gen)
     slots = torch.tensor([5, -1, 0, -1, 3, -1, 2, -1], dtype=torch.int32)[::2]
     steps = torch.tensor([2, 9, 0, 9, 9, 9, 1, 9], dtype=torch.int64)[::2]
     expected = op.reference(dst, src, slots, steps)
-    op.launch_interpreted(dst, src, slots, steps)
+    op.launch_interpreted(dst, src, slots, steps, kernel=kernel)
     assert torch.equal(dst, expected)
     # slot 3's request asked for step 9 >= draft_tokens: skipped; the other three were written.
     assert torch.equal(dst[:, 5], src[:, 0, 2]) and torch.equal(dst[:, 2], src[:, 3, 1])
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("reverse_programs", [False, True])
-def test_duplicate_slots_last_valid_request_wins(reverse_programs):
+def test_duplicate_slots_last_valid_request_wins(kernel, reverse_programs):
     gen = torch.Generator().manual_seed(1)
     dst, src = torch.randn(2, 3, 4, generator=gen), torch.randn(2, 4, 2, 4, generator=gen)
     slots = torch.tensor([1, 1, 1, 1])
     steps = torch.tensor([0, 1, 1, -1])  # request 3 is rejected: request 2 is the last writer
-    op.launch_interpreted(dst, src, slots, steps, reverse_programs=reverse_programs)
+    op.launch_interpreted(dst, src, slots, steps, reverse_programs=reverse_programs,
+                          kernel=kernel)
     assert torch.equal(dst[:, 1], src[:, 2, 1])
+
+
+@pytest.mark.parametrize("reverse_programs", [False, True])
+@pytest.mark.parametrize("programs", [1, 3, 64])
+def test_persistent_duplicates_across_blocks_and_many_items(reverse_programs, programs):
+    """More requests than one block of the default ``SCAN``, duplicate slots whose writers lie
+    in different blocks (and in different compared tiles), entries of several chunks, and
+    programs doing one item or many: equal to the reference, the later request winning."""
+    gen = torch.Generator().manual_seed(2)
+    n, cache = 3 * op.SCAN + 5, 40
+    dst, src = torch.randn(3, cache, 2, 9, generator=gen), torch.randn(3, n, 2, 2, 9,
+                                                                      generator=gen)
+    slots = torch.randint(0, cache - 1, (n,), generator=gen)  # duplicates among them too
+    slots[slots == 7] = cache - 1
+    steps = torch.randint(-1, 2, (n,), generator=gen)
+    slots[[0, op.SCAN + 1, 2 * op.SCAN + 2, n - 1]] = 7  # one slot, four blocks
+    steps[[0, op.SCAN + 1, 2 * op.SCAN + 2]] = 1
+    steps[n - 1] = 2  # out of range: the third of them is the last writer
+    expected = op.reference(dst, src, slots, steps)
+    op.launch_interpreted(dst, src, slots, steps, reverse_programs=reverse_programs,
+                          kernel="persistent", chunk_bytes=32, programs=programs)
+    assert torch.equal(dst, expected)
+    assert torch.equal(dst[:, 7], src[:, 2 * op.SCAN + 2, 1])
+
+
+_INVALID = {  # (slot, step, row) of a request that must not write, one broken index each
+    "negative slot": (-1, 0, 0), "slot past the cache": (5, 0, 0), "negative step": (0, -1, 0),
+    "step past the draft": (0, 2, 0), "negative row": (0, 0, -1), "row past spec": (0, 0, 3),
+    "INT32_MAX slot": (2**31 - 1, 0, 0), "INT32_MIN step": (0, -(2**31), 0),
+    "2**40 row": (0, 0, 2**40),
+}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_all_invalid_requests_write_nothing(kernel, index_dtype):
+    """Every request invalid, each in its own way (int32 tensors hold what fits): ``dst``
+    unchanged, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    dst, src = torch.randn(2, 5, 6, generator=gen), torch.randn(2, 3, 2, 6, generator=gen)
+    limit = torch.iinfo(index_dtype).max
+    cases = [v for v in _INVALID.values() if max(map(abs, v)) <= limit]
+    slots, steps, rows = (torch.tensor(c, dtype=index_dtype) for c in zip(*cases))
+    before = dst.clone()
+    for rows_given in (rows, None):
+        if rows_given is None:  # request i reads row i: rows past spec from the count alone
+            slots, steps = slots[:1].repeat(4), steps[:1].repeat(4)
+        op.launch_interpreted(dst, src, slots, steps, rows_given, kernel=kernel)
+        assert torch.equal(dst, before)
+
+
+def test_persistent_grid_does_not_grow_with_the_requests():
+    """The persistent kernel's grid is the smaller of its program count and the work items any
+    index values can give: 1000 requests launch as many programs as 100."""
+    gen = torch.Generator().manual_seed(4)
+    dst, src = torch.randn(2, 8, 64), torch.randn(2, 1000, 2, 64)
+    grids = []
+    for n in (1, 100, 1000):
+        slots = torch.randint(0, 8, (n,), generator=gen)
+        grid, _ = op._arguments(dst, src, slots, slots, None, chunk_bytes=64, programs=300)
+        grids.append(grid[0])
+    assert grids == [1 * 2 * 4, 300, 300]  # 1 request x 2 layers x 4 chunks of 16 floats
 
 
 # --------------------------------------------------------------------------------------------
