@@ -282,7 +282,9 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
     if programs is None:
         programs = TUNING["persistent"]["programs_per_sm"] * _sm_count(dst.get_device())
     items = n_requests * shape[0] * ((entry_numel + chunk - 1) // chunk)
-    return (torch.sym_min(items, programs), 1, 1), (
+    # torch.sym_min only for symbolic sizes: on ints it costs more than the rest here.
+    grid = min(items, programs) if items.__class__ is int else torch.sym_min(items, programs)
+    return (grid, 1, 1), (
         dst, src, dst_indices_raw, step_indices_raw, src_idx,
         n_requests, shape[0], shape[1], src_shape[1], src_shape[2], entry_numel,
         dst_strides[0], dst_strides[1],

@@ -23,6 +23,7 @@ from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
     assert_every_rule_pinned,
+    capture_cuda_graph,
     gpu,
     near_miss_message,
     raised,
@@ -312,3 +313,50 @@ def test_gpu_large_entry_and_large_strides():
     steps = torch.tensor([0], device="cuda", dtype=torch.int32)
     fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
     assert torch.equal(dst[:, 2], src[:, 0, 0])
+
+
+def _many_requests(n: int, valid: int, cache: int, gen: torch.Generator):
+    """Slots (int32, duplicates among them) and steps (int64) of ``n`` requests, ``valid`` of
+    them valid, on the GPU."""
+    slots = torch.randint(0, cache, (n,), generator=gen).to(torch.int32)
+    steps = torch.randint(0, 4, (n,), generator=gen)
+    steps[torch.randperm(n, generator=gen)[valid:]] = -1
+    return slots.cuda(), steps.cuda()
+
+
+@gpu
+@pytest.mark.parametrize("n, valid", [(64, 0), (64, 1), (64, 51), (300, 250)])
+def test_gpu_persistent_and_per_chunk_kernels_write_the_same_bits(monkeypatch, n, valid):
+    """Both kernels, at a model-like entry (128 KiB fp32, several chunks) and more requests than
+    several blocks of ``SCAN`` with duplicate slots: the reference's bits, each."""
+    gen = torch.Generator().manual_seed(n + valid)
+    dst = torch.randn(3, 40, 8, 64, 64, generator=gen).cuda()
+    src = torch.randn(3, n, 4, 8, 64, 64, generator=gen).cuda()
+    slots, steps = _many_requests(n, valid, 40, gen)
+    expected = op.reference(dst, src, slots, steps)
+    for kernel in KERNELS:
+        monkeypatch.setitem(op.TUNING, "kernel", kernel)
+        out = dst.clone()
+        fused_mamba_state_scatter_with_mask(out, src, slots, steps)
+        assert torch.equal(out, expected), kernel
+
+
+@gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gpu_graph_replay_reads_new_index_values(monkeypatch, kernel):
+    """A captured call replayed after its index tensors change in place (all invalid, one
+    valid, many valid with duplicates) writes what the new values ask for."""
+    monkeypatch.setitem(op.TUNING, "kernel", kernel)
+    gen = torch.Generator().manual_seed(7)
+    dst = torch.randn(4, 24, 3, 1000, generator=gen).cuda()
+    src = torch.randn(4, 70, 4, 3, 1000, generator=gen).cuda()
+    slots, steps = _many_requests(70, 0, 24, gen)
+    graph, _ = capture_cuda_graph(fused_mamba_state_scatter_with_mask, dst, src, slots, steps)
+    for valid in (0, 1, 60):
+        new_slots, new_steps = _many_requests(70, valid, 24, gen)
+        slots.copy_(new_slots)
+        steps.copy_(new_steps)
+        expected = op.reference(dst, src, slots, steps)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(dst, expected), valid
