@@ -23,6 +23,7 @@ order in which programs run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -329,6 +330,20 @@ _VALIDATION, _LAUNCHER, _OPTIONS = _PATH.validation, _PATH.launcher, _PATH.optio
 
 def _eager(*args) -> None:
     PATHS[TUNING["kernel"]].eager(*args)
+
+
+@contextlib.contextmanager
+def kernel_variant(name: str):
+    """Calls of the op in this block (and graphs captured in it) launch ``PATHS[name]``'s
+    kernel: benchmarks time both kernels in one process. Not thread-safe."""
+    if name not in PATHS:
+        raise ValueError(f"Expected a kernel in {list(PATHS)}, but got {name!r}")
+    default = TUNING["kernel"]
+    TUNING["kernel"] = name
+    try:
+        yield
+    finally:
+        TUNING["kernel"] = default
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
