@@ -68,9 +68,12 @@ def _writers(r0, rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache
         row = rows
     valid = in_range & request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens)
     key = tl.where(valid, slot, -1)  # -1: no write (never equal to a later key)
-    later = tl.zeros([SCAN], dtype=tl.int32)
+    # The block against itself from registers, then the later requests TILE at a time.
+    key_j = tl.where(valid, slot, -2)
+    same = (key[:, None] == key_j[None, :]) & (rows[None, :] > rows[:, None])
+    later = tl.max(same.to(tl.int32), axis=1)
     if tl.max(valid.to(tl.int32), axis=0) > 0:  # no valid request here: nothing to compare
-        for j0 in range(r0, n_requests, TILE):
+        for j0 in range(r0 + SCAN, n_requests, TILE):
             cols = j0 + tl.arange(0, TILE).to(tl.int64)
             in_j = cols < n_requests
             s_j = tl.load(step_idx_ptr + cols * step_idx_stride, mask=in_j, other=-1).to(tl.int64)
