@@ -240,9 +240,8 @@ def _per_chunk_kernel(
 
 # The kernel a call launches, and each kernel's tuning. Why these values, with the numbers:
 # docs/design/mamba_state_scatter.md#grid and #tuning.
-# "persistent": 32 KiB work items copied by 8 warps, 4 programs per SM (the work shape of
-#   sglang's persistent state-tracking kernel), so a call's grid does not grow with its
-#   invalid requests.
+# "persistent": 32 KiB work items copied by 8 warps (the work shape of sglang's persistent
+#   state-tracking kernel); 3 programs per SM, all that fit at its 80 registers (sm_90).
 # "per_chunk": 4 KiB / 4 warps per program reached 0.94 of the copy bandwidth on the large SSM
 #   shape on the H200 (16 KiB: 0.91).
 TUNING = {
@@ -251,9 +250,9 @@ TUNING = {
     "per_chunk": {"block_bytes": 4096, "num_warps": 4},
 }
 # Requests read per block of the persistent kernel, and later requests compared per step
-# (a SCAN x TILE comparison of 64-bit slots). The per-chunk kernel compares SCAN_PER_CHUNK
-# requests per step: one vector of loads, so up to 128 requests are one round trip
-# (docs/design/mamba_state_scatter.md#kernel).
+# (a SCAN x TILE comparison of 64-bit slots; SCAN 64 costs 124 registers). The per-chunk
+# kernel compares SCAN_PER_CHUNK requests per step: one vector of loads, so up to 128
+# requests are one round trip (docs/design/mamba_state_scatter.md#kernel).
 SCAN, TILE = 32, 32
 SCAN_PER_CHUNK = 128
 # Programs per SM times this when no GPU can be asked (tracing on a CPU-only machine): an
