@@ -19,6 +19,10 @@ Semantics: for each request ``i`` with ``row = src_indices_raw[i]`` (or ``i``)::
 Invalid requests touch no memory. When several valid requests name the same cache slot the
 last one (largest ``i``) wins, as in a sequential loop, so the result never depends on the
 order in which programs run.
+
+Kernels: ``_scatter_kernel`` (default), persistent over the writing requests' work items only,
+so invalid requests cost no programs; ``_per_chunk_kernel``, a program per (request, layer,
+chunk). ``TUNING["kernel"]`` picks one (docs/design/mamba_state_scatter.md#grid).
 """
 
 from __future__ import annotations
@@ -336,8 +340,9 @@ def _eager(*args) -> None:
 
 @contextlib.contextmanager
 def kernel_variant(name: str):
-    """Calls of the op in this block (and graphs captured in it) launch ``PATHS[name]``'s
-    kernel: benchmarks time both kernels in one process. Not thread-safe."""
+    """Calls of the op in this block (and CUDA graphs captured in it) launch ``PATHS[name]``'s
+    kernel: benchmarks time both kernels in one process. A ``torch.compile``d graph keeps the
+    kernel it was traced with. Not thread-safe."""
     if name not in PATHS:
         raise ValueError(f"Expected a kernel in {list(PATHS)}, but got {name!r}")
     default = TUNING["kernel"]

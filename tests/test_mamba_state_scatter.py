@@ -201,6 +201,74 @@ def test_persistent_duplicates_across_blocks_and_many_items(reverse_programs, pr
     assert torch.equal(dst[:, 7], src[:, 2 * op.SCAN + 2, 1])
 
 
+def test_persistent_default_tuning_at_a_moderate_shape():
+    """The default item size (32 KiB: several items an entry, 16-byte vectors), ``SCAN`` and
+    ``TILE`` on 48 requests with every kind of bad index and a duplicate slot, 13 programs in
+    reverse order: the reference's bits."""
+    args = op.example_inputs("cpu", False, torch.Generator().manual_seed(0))
+    expected = op.reference(**args)
+    op.launch_interpreted(**args, reverse_programs=True, kernel="persistent", programs=13)
+    assert torch.equal(args["dst"], expected)
+
+
+def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: bool) -> tuple:
+    """``(registers, spilled bytes, 16-byte loads)`` of a kernel compiled for sm_90 without a
+    GPU with its default tuning: pointers, entry size and strides marked multiples of 16, as
+    Triton's specialisation marks them in serving (``ptxas -v`` on its PTX)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    path = op.PATHS[kernel]
+    fn, tuning = path.jit_fn, op.TUNING[kernel]
+    esize = {"fp32": 4, "bf16": 2}[dtype]
+    if kernel == "persistent":
+        constexprs = {"CHUNK": tuning["chunk_bytes"] // esize, "SCAN": op.SCAN, "TILE": op.TILE}
+    else:
+        constexprs = {"BLOCK": tuning["block_bytes"] // esize, "SCAN": op.SCAN_PER_CHUNK}
+    constexprs["HAS_SRC_INDICES"] = has_src_indices
+    hinted = ("dst_ptr", "src_ptr", "dst_idx_ptr", "step_idx_ptr", "src_idx_ptr", "entry_numel",
+              "dst_layer_stride", "dst_slot_stride")
+    signature = {name: "constexpr" if name in constexprs else
+                 f"*{dtype}" if name in ("dst_ptr", "src_ptr") else
+                 f"*{index_dtype}" if name.endswith("_ptr") else "i32"
+                 for name in fn.arg_names}
+    source = triton.compiler.ASTSource(
+        fn=fn, signature=signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+        attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": tuning["num_warps"]})
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(compiled.asm["ptx"])
+        info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o",
+                               f"{tmp}/k.cubin"], capture_output=True, text=True, check=True)
+    registers = int(re.search(r"Used (\d+) registers", info.stderr).group(1))
+    spilled = sum(map(int, re.findall(r"(\d+) bytes spill", info.stderr)))
+    return registers, spilled, compiled.asm["ptx"].count("ld.global.v4")
+
+
+@pytest.mark.parametrize("dtype, index_dtype, has_src_indices",
+                         [("fp32", "i32", False), ("bf16", "i64", True)])
+def test_persistent_kernel_fits_its_programs_per_sm_on_sm90(dtype, index_dtype,
+                                                           has_src_indices):
+    """Without a GPU: the persistent kernel compiled for sm_90 spills nothing, copies with
+    16-byte loads, and its registers let every program of its grid (``programs_per_sm`` of
+    ``num_warps`` warps) be resident at once on a 64K-register SM; a program that is not
+    would run its whole share after the others."""
+    registers, spilled, vector_loads = _sm90_registers("persistent", dtype, index_dtype,
+                                                       has_src_indices)
+    tuning = op.TUNING["persistent"]
+    per_warp = -(-registers * 32 // 256) * 256  # allocated per warp in 256-register units
+    assert spilled == 0 and vector_loads > 0
+    assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= 65536, registers
+
+
 _INVALID = {  # (slot, step, row) of a request that must not write, one broken index each
     "negative slot": (-1, 0, 0), "slot past the cache": (5, 0, 0), "negative step": (0, -1, 0),
     "step past the draft": (0, 2, 0), "negative row": (0, 0, -1), "row past spec": (0, 0, 3),
@@ -360,3 +428,21 @@ def test_gpu_graph_replay_reads_new_index_values(monkeypatch, kernel):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(dst, expected), valid
+
+
+@gpu
+def test_gpu_persistent_programs_are_all_resident():
+    """The compiled persistent kernels' registers (as loaded on this GPU) let
+    ``programs_per_sm`` programs share an SM, as the grid assumes."""
+    args = op.example_inputs("cuda:0", False, torch.Generator().manual_seed(8))
+    fused_mamba_state_scatter_with_mask(**args)
+    torch.cuda.synchronize()
+    regs_per_sm = getattr(torch.cuda.get_device_properties(0), "regs_per_multiprocessor", 65536)
+    tuning = op.TUNING["persistent"]
+    compiled = list(op._scatter_kernel.device_caches[torch.cuda.current_device()][0].values())
+    assert compiled
+    for kernel in compiled:
+        kernel._init_handles()
+        per_warp = -(-kernel.n_regs * 32 // 256) * 256
+        assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= regs_per_sm, (
+            kernel.n_regs)
