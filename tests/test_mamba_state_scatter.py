@@ -269,6 +269,21 @@ def test_persistent_kernel_fits_its_programs_per_sm_on_sm90(dtype, index_dtype,
     assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= 65536, registers
 
 
+def test_kernel_variant_switches_the_kernel_for_a_block_only():
+    gen = torch.Generator().manual_seed(9)
+    dst, src = torch.randn(2, 4, 3, generator=gen), torch.randn(2, 3, 2, 3, generator=gen)
+    slots, steps = torch.tensor([2, 0, 2]), torch.tensor([1, -1, 0])
+    expected = op.reference(dst, src, slots, steps)
+    default = op.TUNING["kernel"]
+    with op.kernel_variant("per_chunk"):
+        assert op.TUNING["kernel"] == "per_chunk"
+        op.launch_interpreted(dst, src, slots, steps, reverse_programs=True)
+    assert op.TUNING["kernel"] == default and torch.equal(dst, expected)
+    with pytest.raises(ValueError, match="Expected a kernel in"):
+        with op.kernel_variant("per_request"):
+            pass
+
+
 _INVALID = {  # (slot, step, row) of a request that must not write, one broken index each
     "negative slot": (-1, 0, 0), "slot past the cache": (5, 0, 0), "negative step": (0, -1, 0),
     "step past the draft": (0, 2, 0), "negative row": (0, 0, -1), "row past spec": (0, 0, 3),
