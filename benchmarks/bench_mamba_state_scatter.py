@@ -2,8 +2,11 @@
 
 For each shape: ours in eager mode, ours replayed from a CUDA graph, the unfused PyTorch path
 (nonzero + index_select + index_put), and the floor (bytes read + written over the copy
-bandwidth measured in this run). Also checks every output bit for bit against the reference,
-sweeps the kernel's tuning knobs, and times an eager call's host wall time.
+bandwidth measured in this run). "Ours" is the default (persistent) kernel; the per-chunk kernel
+(``TUNING["kernel"] = "per_chunk"``) is timed beside it in the same process, and both beside
+sglang's original (``.anchor``, if present) and a kernel of the original's launch shape. Also
+checks every output bit for bit against the reference (and the original), sweeps both kernels'
+tuning knobs, and times an eager call's host wall time.
 
     python benchmarks/bench_mamba_state_scatter.py [--out DIR]
 
@@ -24,6 +27,7 @@ from strictops.ops import mamba_state_scatter as m
 
 from _harness import (
     Report,
+    anchor_module,
     arg_parser,
     copy_bandwidth_bytes_per_us,
     graph_replay_us,
@@ -37,16 +41,34 @@ from _harness import (
 SHAPES = [
     ("ssm_64req", 36, 512, (8, 128, 128), torch.float32, 64, 4, 51),
     ("ssm_1req", 36, 512, (8, 128, 128), torch.float32, 1, 4, 1),
+    ("ssm_64req_1valid", 36, 512, (8, 128, 128), torch.float32, 64, 4, 1),
+    ("ssm_64req_0valid", 36, 512, (8, 128, 128), torch.float32, 64, 4, 0),
     ("conv_64req", 36, 512, (2048, 3), torch.bfloat16, 64, 4, 51),
 ]
-# Kernel variants swept on every run, reported as floor / time of a graph replay; the op's
+# Kernel variants swept on every run, reported as the median graph replay in µs (persistent:
+# bytes a work item, warps, programs per SM; per-chunk: bytes a program, warps); the op's
 # defaults are m.TUNING.
-TUNING = [{"block_bytes": b, "num_warps": w}
-          for b, w in [(2048, 2), (4096, 2), (4096, 4), (8192, 4), (16384, 4), (16384, 8)]]
+PERSISTENT_TUNING = [{"chunk_bytes": b, "num_warps": w, "programs_per_sm": p}
+                     for b, w, p in [(32768, 8, 3), (32768, 8, 2), (16384, 4, 6),
+                                     (65536, 8, 2)]]
+PER_CHUNK_TUNING = [{"block_bytes": b, "num_warps": w} for b, w in [(2048, 2), (16384, 4)]]
 
 
 def _variant_name(v: dict) -> str:
-    return f"{v['block_bytes']}B/{v['num_warps']}w"
+    if "chunk_bytes" in v:
+        return f"persistent {v['chunk_bytes']}B/{v['num_warps']}w/{v['programs_per_sm']}perSM"
+    return f"per_chunk {v['block_bytes']}B/{v['num_warps']}w"
+
+
+def _variant_launch(v: dict, sms: int, *call):
+    """A launch of the variant ``v`` on ``call`` (kernel[grid], as the op's body launches)."""
+    if "chunk_bytes" in v:
+        path = m.PATHS["persistent"]
+        return functools.partial(path.launch, path.jit_fn, *call, chunk_bytes=v["chunk_bytes"],
+                                 programs=v["programs_per_sm"] * sms, num_warps=v["num_warps"])
+    path = m.PATHS["per_chunk"]
+    return functools.partial(path.launch, path.jit_fn, *call, block_bytes=v["block_bytes"],
+                             num_warps=v["num_warps"])
 
 
 @triton.jit
@@ -110,6 +132,8 @@ def main() -> None:
     report.ceilings["copy_bandwidth_TBps"] = bw / 1e6
     one = torch.zeros(1, device="cuda")
     report.ceilings["trivial_kernel_graph_replay_us"] = graph_replay_us(lambda: one.add_(1))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sgl = anchor_module("sgl_mamba")
 
     for name, layers, cache, state, dtype, requests, draft, valid in SHAPES:
         dst, src, slots, steps = make_inputs(layers, cache, state, dtype, requests, draft,
@@ -122,21 +146,38 @@ def main() -> None:
         def ours():
             fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
 
+        row = {}
+        start = dst.clone()
         ours()
-        exact = torch.equal(dst, expected)
-        del expected
+        row["bit_exact"] = torch.equal(dst, expected)
+        dst.copy_(start)
+        with m.kernel_variant("per_chunk"):
+            ours()
+        row["per_chunk_bit_exact"] = torch.equal(dst, expected)
+        if sgl is not None:
+            dst.copy_(start)
+            sgl.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+            row["original_bit_exact"] = torch.equal(dst, expected)
+        del expected, start
 
         tuning = {}
-        for variant in TUNING:
-            launch = functools.partial(m._launch, m._scatter_kernel, dst, src, slots, steps,
-                                       None, **variant)
-            tuning[_variant_name(variant)] = floor_us / graph_replay_us(launch)
+        for variant in PERSISTENT_TUNING + PER_CHUNK_TUNING:
+            launch = _variant_launch(variant, sms, dst, src, slots, steps, None)
+            tuning[_variant_name(variant)] = graph_replay_us(launch)
         original_graph_us = graph_replay_us(lambda: original_style(dst, src, slots, steps))
         original_eager_us = median_us(lambda: original_style(dst, src, slots, steps))
+        if sgl is not None:
+            def theirs():
+                sgl.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+
+            row["original_graph_us"] = graph_replay_us(theirs)
+            row["original_eager_us"] = median_us(theirs)
 
         # Steady state: rotate over source copies and slot draws (the dst pool is shared).
         sets = []
-        if floor_us < 100:  # small calls: also time them back to back on cold inputs
+        # Small calls whose inputs are small enough to copy four times: also time them back
+        # to back on cold inputs.
+        if 0 < floor_us < 100 and src.numel() * src.element_size() < (1 << 30):
             for k in range(4):
                 _, src_k, slots_k, steps_k = make_inputs(1, cache, state, dtype, requests,
                                                          draft, valid, gen, layers_src=layers)
@@ -146,48 +187,69 @@ def main() -> None:
 
         # What the same bytes cost as one contiguous copy_, timed the same way: the ceiling
         # that includes launch and ramp-up, which the bandwidth floor leaves out.
-        flat_src = torch.empty(n_valid * layers * entry_bytes, dtype=torch.uint8, device="cuda")
-        flat_dst = torch.empty_like(flat_src)
-        contiguous_copy_graph_us = graph_replay_us(lambda: flat_dst.copy_(flat_src))
-        del flat_src, flat_dst
+        contiguous_copy_graph_us = None
+        if n_valid:
+            flat_src = torch.empty(n_valid * layers * entry_bytes, dtype=torch.uint8,
+                                   device="cuda")
+            flat_dst = torch.empty_like(flat_src)
+            contiguous_copy_graph_us = graph_replay_us(lambda: flat_dst.copy_(flat_src))
+            del flat_src, flat_dst
 
         eager_us = median_us(ours)
         graph_us = graph_replay_us(ours)
         wall, wall_min = wall_us(ours)
+        with m.kernel_variant("per_chunk"):
+            per_chunk_eager_us = median_us(ours)
+            per_chunk_graph_us = graph_replay_us(ours)
+            per_chunk_wall, _ = wall_us(ours, calls=200)
         dispatcher_wall, _ = wall_us(
             lambda: torch.ops.strictops.fused_mamba_state_scatter_with_mask(dst, src, slots, steps))
         unfused_us = median_us(lambda: m.unfused_torch(dst, src, slots, steps))
-        report.add(
+        row = report.add(
             shape=name, dst=f"{list(dst.shape)} {str(dtype)[6:]}", requests=requests,
-            valid=n_valid, bit_exact=exact, floor_us=floor_us, eager_us=eager_us,
-            graph_us=graph_us, eager_wall_us=wall, eager_wall_min_us=wall_min,
+            valid=n_valid, **row, floor_us=floor_us, eager_us=eager_us,
+            graph_us=graph_us, per_chunk_graph_us=per_chunk_graph_us,
+            per_chunk_eager_us=per_chunk_eager_us,
+            graph_vs_per_chunk=per_chunk_graph_us / graph_us,
+            eager_wall_us=wall, eager_wall_min_us=wall_min,
+            per_chunk_eager_wall_us=per_chunk_wall,
             dispatcher_wall_us=dispatcher_wall,
             unfused_us=unfused_us, original_style_graph_us=original_graph_us,
             contiguous_copy_graph_us=contiguous_copy_graph_us,
             original_style_eager_us=original_eager_us, steady_graph_us=steady,
             steady_original_style_us=steady_original,
             eager_bw_ratio=floor_us / eager_us, graph_bw_ratio=floor_us / graph_us,
-            speedup_vs_unfused=unfused_us / eager_us, tuning_bw_ratio=tuning,
+            speedup_vs_unfused=unfused_us / eager_us, tuning_graph_us=tuning,
         )
+        if "original_graph_us" in row:
+            row["graph_vs_original"] = row["original_graph_us"] / graph_us
+            row["eager_vs_original"] = row["original_eager_us"] / eager_us
+            report.check_bar(row, "graph_vs_original", ">=", 0.98)
+            report.check_bar(row, "eager_vs_original", ">=", 0.98)
         del dst, src
         torch.cuda.empty_cache()
 
-    report.write(args.out, ["shape", "dst", "valid", "bit_exact", "floor_us", "eager_us",
-                            "graph_us", "contiguous_copy_graph_us", "steady_graph_us",
+    report.write(args.out, ["shape", "dst", "valid", "bit_exact", "per_chunk_bit_exact",
+                            "original_bit_exact", "floor_us", "eager_us", "graph_us",
+                            "per_chunk_graph_us", "original_graph_us", "graph_vs_per_chunk",
+                            "graph_vs_original", "eager_vs_original",
+                            "contiguous_copy_graph_us", "steady_graph_us",
                             "original_style_graph_us",
                             "steady_original_style_us", "eager_wall_us", "eager_wall_min_us",
-                            "dispatcher_wall_us",
+                            "per_chunk_eager_wall_us", "dispatcher_wall_us",
                             "unfused_us", "eager_bw_ratio",
                             "graph_bw_ratio", "speedup_vs_unfused"], plot=_plot)
     for r in report.rows:
-        print(r["shape"], "tuning (floor/time):",
-              ", ".join(f"{k}={v:.3f}" for k, v in r["tuning_bw_ratio"].items()))
+        print(r["shape"], "tuning (graph replay, µs):",
+              ", ".join(f"{k}={v:.1f}" for k, v in r["tuning_graph_us"].items()))
 
 
 def _plot(plt, report):
     series = [("floor (bytes / copy bandwidth)", "floor_us"),
               ("contiguous copy_ of the same bytes, graph", "contiguous_copy_graph_us"),
-              ("ours, graph", "graph_us"), ("original-style kernel, graph", "original_style_graph_us"),
+              ("ours, graph", "graph_us"), ("ours per-chunk kernel, graph", "per_chunk_graph_us"),
+              ("original, graph", "original_graph_us"),
+              ("original-style kernel, graph", "original_style_graph_us"),
               ("ours, eager", "eager_us"), ("unfused PyTorch", "unfused_us")]
     fig, ax = grouped_bars(plt, report, "shape", series, "fused_mamba_state_scatter_with_mask",
                            "µs (median, log scale)")

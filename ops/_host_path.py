@@ -38,6 +38,7 @@ Without the extension (a build without torch in the build environment, or
 
 from __future__ import annotations
 
+import copy
 import struct
 from typing import Any, Sequence
 
@@ -199,9 +200,9 @@ class HostPath:
 
 
 def _copy(value):
-    """A setting's value as a plan keeps it: a dict's copy (the setting may change in
-    place), anything else itself."""
-    return dict(value) if isinstance(value, dict) else value
+    """A setting's value as a plan keeps it: a copy (a dict of tuning may change in place,
+    nested dicts too)."""
+    return copy.deepcopy(value)
 
 
 def _launch(prepared, grid, kernel_args, refs):

@@ -32,12 +32,13 @@ class KernelPath:
     in signature order, on validated inputs; ``launch_tensor(op_args)`` the tensor on whose
     device the kernel runs (by default the first argument); ``writes`` the names of the
     arguments the op writes, for an op that returns None and takes the C++ path
-    (:attr:`host`; None without ``writes``)."""
+    (:attr:`host`; None without ``writes``); ``settings`` the ``(namespace, name)`` of module
+    settings the launch depends on (see :meth:`HostPath.register`)."""
 
     def __init__(self, jit_fn, contract: Contract, names: tuple[str, ...],
                  arguments: Callable, num_warps: int,
                  launch_tensor: Callable = operator.itemgetter(0),
-                 writes: tuple[str, ...] | None = None) -> None:
+                 writes: tuple[str, ...] | None = None, settings: tuple = ()) -> None:
         self.jit_fn = jit_fn
         self.contract = contract
         self.arguments = arguments
@@ -47,6 +48,7 @@ class KernelPath:
         self.launcher = Launcher(jit_fn)
         self.options = (("num_warps", num_warps),)
         self.host = None if writes is None else HostPath(self.validation, writes)
+        self.settings = settings
         self.eager = self._eager_function()
 
     def launch(self, kernel, *args, num_warps: int | None = None, **tuning) -> None:
@@ -65,9 +67,9 @@ class KernelPath:
 
     def _eager_function(self):
         # A closure: the hot path reads no attribute of ``self``.
-        validation, arguments, launcher, options, launch_tensor, host = (
+        validation, arguments, launcher, options, launch_tensor, host, settings = (
             self.validation, self.arguments, self.launcher, self.options, self.launch_tensor,
-            self.host)
+            self.host, self.settings)
 
         def eager(*args) -> None:
             """The plain eager call: the cached verdict, then the cached launch."""
@@ -76,6 +78,7 @@ class KernelPath:
             device = launch_tensor(args).get_device()
             launcher(grid, parameters, options, device)
             if host is not None:
-                host.register(args, launcher, grid, parameters, options, device)
+                host.register(args, launcher, grid, parameters, options, device,
+                              settings=settings)
 
         return eager

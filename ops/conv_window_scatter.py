@@ -42,6 +42,7 @@ from . import mamba_state_scatter
 from ._dispatch import can_skip_dispatcher
 from ._interpret import interpreted
 from ._kernel_path import KernelPath
+from .mamba_state_scatter import request_is_valid
 
 __all__ = [
     "fused_conv_window_scatter_with_mask",
@@ -49,13 +50,6 @@ __all__ = [
     "launch_interpreted",
     "example_inputs",
 ]
-
-
-@triton.jit
-def request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens):
-    """Whether a request's int64 indices all lie in range (it copies)."""
-    return ((step >= 0) & (step < draft_tokens) & (slot >= 0) & (slot < cache_size)
-            & (row >= 0) & (row < spec_size))
 
 
 @triton.jit

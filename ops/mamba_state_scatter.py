@@ -19,11 +19,17 @@ Semantics: for each request ``i`` with ``row = src_indices_raw[i]`` (or ``i``)::
 Invalid requests touch no memory. When several valid requests name the same cache slot the
 last one (largest ``i``) wins, as in a sequential loop, so the result never depends on the
 order in which programs run.
+
+Kernels: ``_scatter_kernel`` (default), persistent over the writing requests' work items only,
+so invalid requests cost no programs; ``_per_chunk_kernel``, a program per (request, layer,
+chunk). ``TUNING["kernel"]`` picks one (docs/design/mamba_state_scatter.md#grid).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 from typing import Optional
 
@@ -46,7 +52,126 @@ __all__ = ["fused_mamba_state_scatter_with_mask"]
 
 
 @triton.jit
+def request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens):
+    """Whether a request's int64 indices all lie in range (it copies)."""
+    return ((step >= 0) & (step < draft_tokens) & (slot >= 0) & (slot < cache_size)
+            & (row >= 0) & (row < spec_size))
+
+
+@triton.jit
+def _writers(r0, rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache_size,
+             spec_size, draft_tokens, dst_idx_stride, step_idx_stride, src_idx_stride,
+             HAS_SRC_INDICES: tl.constexpr, SCAN: tl.constexpr, TILE: tl.constexpr):
+    """``[SCAN]`` int32: 1 where request ``rows[k]`` writes (valid, and no later valid request
+    names its slot), plus the requests' slots, source rows and steps (int64)."""
+    in_range = rows < n_requests
+    step = tl.load(step_idx_ptr + rows * step_idx_stride, mask=in_range, other=-1).to(tl.int64)
+    slot = tl.load(dst_idx_ptr + rows * dst_idx_stride, mask=in_range, other=-1).to(tl.int64)
+    if HAS_SRC_INDICES:
+        row = tl.load(src_idx_ptr + rows * src_idx_stride, mask=in_range, other=-1).to(tl.int64)
+    else:
+        row = rows
+    valid = in_range & request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens)
+    key = tl.where(valid, slot, -1)  # -1: no write (never equal to a later key)
+    # The block against itself from registers, then the later requests TILE at a time.
+    key_j = tl.where(valid, slot, -2)
+    same = (key[:, None] == key_j[None, :]) & (rows[None, :] > rows[:, None])
+    later = tl.max(same.to(tl.int32), axis=1)
+    if tl.max(valid.to(tl.int32), axis=0) > 0:  # no valid request here: nothing to compare
+        for j0 in range(r0 + SCAN, n_requests, TILE):
+            cols = j0 + tl.arange(0, TILE).to(tl.int64)
+            in_j = cols < n_requests
+            s_j = tl.load(step_idx_ptr + cols * step_idx_stride, mask=in_j, other=-1).to(tl.int64)
+            d_j = tl.load(dst_idx_ptr + cols * dst_idx_stride, mask=in_j, other=-1).to(tl.int64)
+            if HAS_SRC_INDICES:
+                r_j = tl.load(src_idx_ptr + cols * src_idx_stride, mask=in_j,
+                              other=-1).to(tl.int64)
+            else:
+                r_j = cols
+            v_j = in_j & request_is_valid(d_j, r_j, s_j, cache_size, spec_size, draft_tokens)
+            key_j = tl.where(v_j, d_j, -2)
+            same = (key[:, None] == key_j[None, :]) & (cols[None, :] > rows[:, None])
+            later = later | tl.max(same.to(tl.int32), axis=1)
+    return (valid & (later == 0)).to(tl.int32), slot, row, step
+
+
+@triton.jit(do_not_specialize=["n_requests", "num_layers", "cache_size", "spec_size",
+                               "draft_tokens"])
 def _scatter_kernel(
+    dst_ptr,
+    src_ptr,
+    dst_idx_ptr,
+    step_idx_ptr,
+    src_idx_ptr,
+    n_requests,
+    num_layers,
+    cache_size,
+    spec_size,
+    draft_tokens,
+    entry_numel,
+    dst_layer_stride,
+    dst_slot_stride,
+    dst_idx_stride,
+    step_idx_stride,
+    src_idx_stride,
+    HAS_SRC_INDICES: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SCAN: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    """Persistent copy of every writing request's entries, all layers (the default kernel).
+
+    Grid: ``(P,)`` for any ``P >= 1``. Work items are ``(writing request, layer, chunk)`` in
+    that order, the chunk fastest; program ``p`` takes items ``p, p + P, ...``. Every program
+    reads the index tensors ``SCAN`` requests at a time and finds the writing requests of a
+    block itself (valid, and no later valid request with the slot: compared ``TILE`` later
+    requests at a time), so a request that does not write is never a work item: an all-invalid
+    call costs one read of the index tensors per program.
+
+    dst_ptr: ``[num_layers, cache_size, entry_numel]`` through ``dst_layer_stride`` /
+        ``dst_slot_stride``; the entry itself is contiguous.
+    src_ptr: ``[num_layers, spec_size, draft_tokens, entry_numel]``, contiguous.
+    dst_idx_ptr / step_idx_ptr / src_idx_ptr: ``[n_requests]`` int32 or int64, any stride.
+    Each item copies ``CHUNK`` elements (fewer in an entry's last chunk) in one load and one
+    store.
+    """
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    chunks = tl.cdiv(entry_numel, CHUNK).to(tl.int64)
+    per_writer = chunks * num_layers
+    src_layer = tl.cast(spec_size, tl.int64) * draft_tokens * entry_numel  # elements a layer
+    offs = tl.arange(0, CHUNK)
+    done = tl.zeros([], dtype=tl.int64)  # writing requests in earlier blocks
+    for r0 in range(0, n_requests, SCAN):
+        rows = r0 + tl.arange(0, SCAN).to(tl.int64)  # 64-bit: times a stride of any size
+        writes, slot, row, step = _writers(r0, rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr,
+                                           n_requests, cache_size, spec_size, draft_tokens,
+                                           dst_idx_stride, step_idx_stride, src_idx_stride,
+                                           HAS_SRC_INDICES, SCAN, TILE)
+        rank = tl.cumsum(writes, axis=0)  # 1-based among this block's writers
+        count = tl.sum(writes, axis=0)
+        entry = row * draft_tokens + step  # the source entry within a layer
+        first = done * per_writer
+        start = first + (pid + programs - first % programs) % programs
+        for item in range(start, (done + count) * per_writer, programs):
+            k = item // per_writer  # 0-based among all writers
+            rem = item - k * per_writer
+            layer = rem // chunks
+            e0 = (rem - layer * chunks) * CHUNK
+            pick = (rank == k - done + 1) & (writes != 0)
+            # Offsets as picked index times a size or stride, never a picked offset: the
+            # compiler then sees them divisible as the size or stride is (16-byte accesses).
+            src = (src_ptr + layer * src_layer
+                   + tl.sum(tl.where(pick, entry, 0), axis=0) * entry_numel + e0)
+            dst = (dst_ptr + layer * dst_layer_stride
+                   + tl.sum(tl.where(pick, slot, 0), axis=0) * dst_slot_stride + e0)
+            mask = offs < tl.minimum(entry_numel - e0, CHUNK).to(tl.int32)
+            tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+        done += count
+
+
+@triton.jit
+def _per_chunk_kernel(
     dst_ptr,
     src_ptr,
     dst_idx_ptr,
@@ -66,15 +191,13 @@ def _scatter_kernel(
     BLOCK: tl.constexpr,
     SCAN: tl.constexpr,
 ):
-    """Copy one ``BLOCK``-element chunk of one (request, layer) entry.
+    """Copy one ``BLOCK``-element chunk of one (request, layer) entry (the previous kernel,
+    kept selectable: ``TUNING["kernel"] = "per_chunk"``).
 
-    Grid: ``(n_requests * cdiv(entry_numel, BLOCK), num_layers)``.
+    Grid: ``(n_requests * cdiv(entry_numel, BLOCK), num_layers)``: a program for every
+    request, valid or not, and each scans the later requests for its slot.
 
-    dst_ptr: ``[num_layers, cache_size, entry_numel]`` through ``dst_layer_stride`` /
-        ``dst_slot_stride``; the entry itself is contiguous.
-    src_ptr: ``[num_layers, spec_size, draft_tokens, entry_numel]``, contiguous (its strides
-        follow from the sizes; fewer arguments make a cheaper launch).
-    dst_idx_ptr / step_idx_ptr / src_idx_ptr: ``[n_requests]`` int32 or int64, any stride.
+    Tensors as in ``_scatter_kernel``.
     """
     pid = tl.program_id(0)
     layer = tl.program_id(1).to(tl.int64)
@@ -120,22 +243,67 @@ def _scatter_kernel(
     tl.store(dst_base + offs, data, mask=mask)
 
 
-# Bytes one program copies and warps per program: 4 KiB / 4 warps reach 0.94 of the copy
-# bandwidth on the large SSM shape on the H200 (16 KiB: 0.91); the benchmark sweeps the rest.
-# Why: docs/design/mamba_state_scatter.md#tuning
-TUNING = {"block_bytes": 4096, "num_warps": 4}
-# Requests compared per step of the duplicate-slot scan: one vector of loads per step, so a
-# batch of up to 128 requests is one round trip (docs/design/mamba_state_scatter.md#kernel).
-SCAN = 128
+# The kernel a call launches, and each kernel's tuning. Why these values, with the numbers:
+# docs/design/mamba_state_scatter.md#grid and #tuning.
+# "persistent": 32 KiB work items copied by 8 warps (the work shape of sglang's persistent
+#   state-tracking kernel); 3 programs per SM, all that fit at its 80 registers (sm_90).
+# "per_chunk": 4 KiB / 4 warps per program reached 0.94 of the copy bandwidth on the large SSM
+#   shape on the H200 (16 KiB: 0.91).
+TUNING = {
+    "kernel": "persistent",
+    "persistent": {"chunk_bytes": 32768, "num_warps": 8, "programs_per_sm": 3},
+    "per_chunk": {"block_bytes": 4096, "num_warps": 4},
+}
+# Requests read per block of the persistent kernel, and later requests compared per step
+# (a SCAN x TILE comparison of 64-bit slots; SCAN 64 costs 124 registers). The per-chunk
+# kernel compares SCAN_PER_CHUNK requests per step: one vector of loads, so up to 128
+# requests are one round trip (docs/design/mamba_state_scatter.md#kernel).
+SCAN, TILE = 32, 32
+SCAN_PER_CHUNK = 128
+# Programs per SM times this when no GPU can be asked (tracing on a CPU-only machine): an
+# H200's SMs. The result does not depend on the program count.
+DEFAULT_SMS = 132
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    if device_index < 0 or not torch.cuda.is_available():
+        return DEFAULT_SMS
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
-               block_bytes=TUNING["block_bytes"]):
-    """The grid and every kernel parameter, in signature order, of a call on validated inputs.
+               chunk_bytes=TUNING["persistent"]["chunk_bytes"], programs=None, scan=SCAN,
+               tile=TILE):
+    """The grid and every parameter of ``_scatter_kernel``, in signature order, of a call on
+    validated inputs: ``min(items, programs)`` programs (default: ``programs_per_sm`` per SM
+    of ``dst``'s device), ``items`` the most work items any index values can give.
 
     On the eager hot path, so it reads each piece of metadata once and avoids helpers with
     per-call overhead (``triton.cdiv`` costs more than the rest of this function together).
     """
+    shape, dst_strides, src_shape = dst.shape, dst.stride(), src.shape
+    entry_numel = math.prod(shape[2:])
+    chunk = max(chunk_bytes // dst.element_size(), 16)
+    n_requests = step_indices_raw.shape[0]
+    src_idx = step_indices_raw if src_indices_raw is None else src_indices_raw
+    if programs is None:
+        programs = TUNING["persistent"]["programs_per_sm"] * _sm_count(dst.get_device())
+    items = n_requests * shape[0] * ((entry_numel + chunk - 1) // chunk)
+    # torch.sym_min only for symbolic sizes: on ints it costs more than the rest here.
+    grid = min(items, programs) if items.__class__ is int else torch.sym_min(items, programs)
+    return (grid, 1, 1), (
+        dst, src, dst_indices_raw, step_indices_raw, src_idx,
+        n_requests, shape[0], shape[1], src_shape[1], src_shape[2], entry_numel,
+        dst_strides[0], dst_strides[1],
+        dst_indices_raw.stride()[0], step_indices_raw.stride()[0], src_idx.stride()[0],
+        src_indices_raw is not None, chunk, scan, tile,
+    )
+
+
+def _per_chunk_arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
+                         block_bytes=TUNING["per_chunk"]["block_bytes"]):
+    """The grid and every parameter of ``_per_chunk_kernel``, in signature order."""
     shape, dst_strides, src_shape = dst.shape, dst.stride(), src.shape
     entry_numel = math.prod(shape[2:])
     block = max(block_bytes // dst.element_size(), 16)
@@ -148,18 +316,46 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
         n_requests, shape[1], src_shape[1], src_shape[2], entry_numel,
         dst_strides[0], dst_strides[1],
         dst_indices_raw.stride()[0], step_indices_raw.stride()[0], src_idx.stride()[0],
-        src_indices_raw is not None, block, SCAN,
+        src_indices_raw is not None, block, SCAN_PER_CHUNK,
     )
 
 
-# The launch paths (strictops.ops._kernel_path): the op's body (also its fake) validates in
-# full and launches through ``kernel[grid]``; a plain eager call takes the contract's cached
-# verdict and the cached launcher (strictops.ops._launcher); the same rules and the same launch.
-_PATH = KernelPath(_scatter_kernel, contract.CONTRACT, contract.ARGUMENTS, _arguments,
-                   TUNING["num_warps"], writes=("dst",))
-_launch, _forward, _eager = _PATH.launch, _PATH.forward, _PATH.eager
+# The launch paths of each kernel (strictops.ops._kernel_path): the op's body (also its fake)
+# validates in full and launches through ``kernel[grid]``; a plain eager call takes the
+# contract's cached verdict and the cached launcher (strictops.ops._launcher); the same rules
+# and the same launch. ``TUNING["kernel"]`` picks one on every call. A call the default path
+# served leaves a plan for the C++ path (strictops.ops._host_path), which serves its signature
+# while ``TUNING`` is unchanged.
+PATHS = {
+    "persistent": KernelPath(_scatter_kernel, contract.CONTRACT, contract.ARGUMENTS,
+                             _arguments, TUNING["persistent"]["num_warps"], writes=("dst",),
+                             settings=((globals(), "TUNING"),)),
+    "per_chunk": KernelPath(_per_chunk_kernel, contract.CONTRACT, contract.ARGUMENTS,
+                            _per_chunk_arguments, TUNING["per_chunk"]["num_warps"]),
+}
+_PATH = PATHS["persistent"]
+_launch, _forward = _PATH.launch, _PATH.forward
 _VALIDATION, _LAUNCHER, _OPTIONS = _PATH.validation, _PATH.launcher, _PATH.options
 _HOST_CALL = _PATH.host.call
+
+
+def _eager(*args) -> None:
+    PATHS[TUNING["kernel"]].eager(*args)
+
+
+@contextlib.contextmanager
+def kernel_variant(name: str):
+    """Calls of the op in this block (and CUDA graphs captured in it) launch ``PATHS[name]``'s
+    kernel: benchmarks time both kernels in one process. A ``torch.compile``d graph keeps the
+    kernel it was traced with. Not thread-safe."""
+    if name not in PATHS:
+        raise ValueError(f"Expected a kernel in {list(PATHS)}, but got {name!r}")
+    default = TUNING["kernel"]
+    TUNING["kernel"] = name
+    try:
+        yield
+    finally:
+        TUNING["kernel"] = default
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
@@ -172,9 +368,10 @@ def _fused_mamba_state_scatter_with_mask(
 ) -> None:
     # The body is also the fake: under fake tensors the launch is recorded, not run
     # (wrap_triton returns the kernel itself outside tracing: a real launch).
-    kernel = wrap_triton(_scatter_kernel)
-    _forward(kernel, kernel is _scatter_kernel, dst, src, dst_indices_raw, step_indices_raw,
-             src_indices_raw)
+    path = PATHS[TUNING["kernel"]]
+    kernel = wrap_triton(path.jit_fn)
+    path.forward(kernel, kernel is path.jit_fn, dst, src, dst_indices_raw, step_indices_raw,
+                 src_indices_raw)
 
 
 def fused_mamba_state_scatter_with_mask(
@@ -224,15 +421,21 @@ def fused_mamba_state_scatter_with_mask(
 
 
 def launch_interpreted(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None,
-                       reverse_programs=False, **tuning):
-    """Run the kernel through the Triton interpreter on CPU tensors (tests, self-check).
+                       reverse_programs=False, kernel=None, **tuning):
+    """Run a kernel through the Triton interpreter on CPU tensors (tests, self-check).
 
     The public op keeps its CUDA-only contract; this launcher exists so that CI, which has no
-    GPU, can check the kernel's arithmetic and its handling of bad index values.
-    ``reverse_programs`` runs the programs in reverse grid order (see ``_interpret``).
+    GPU, can check the kernels' arithmetic and their handling of bad index values.
+    ``reverse_programs`` runs the programs in reverse grid order (see ``_interpret``);
+    ``kernel`` names the kernel (default ``TUNING["kernel"]``); ``tuning`` goes to its
+    arguments function (the persistent kernel's ``programs`` defaults to 5 here).
     """
-    with interpreted(_scatter_kernel, reverse_programs) as kernel:
-        _launch(kernel, dst, src, dst_indices_raw, step_indices_raw, src_indices_raw, **tuning)
+    path = PATHS[kernel or TUNING["kernel"]]
+    if path is PATHS["persistent"]:
+        tuning.setdefault("programs", 5)
+    with interpreted(path.jit_fn, reverse_programs) as interpreted_kernel:
+        path.launch(interpreted_kernel, dst, src, dst_indices_raw, step_indices_raw,
+                    src_indices_raw, **tuning)
 
 
 def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict:

@@ -9,6 +9,7 @@ several blocks with a partial last one, a scalar state, 1-, 2- and 4-byte elemen
 blocks), more requests than one step of the duplicate-slot scan, no requests, and a ``dst``
 whose slot stride skips entries (a view: the entries it skips must stay untouched). Every call
 must leave dst equal to the reference, and the sanitizer must report no out-of-bounds access.
+Every call runs with each kernel (``op.PATHS``).
 """
 
 import torch
@@ -71,9 +72,11 @@ def _random_indices(gen, n: int, cache: int, spec: int, draft: int):
 
 def _variants(gen) -> int:
     cases = 0
-    # (state shape, dtype, requests): entries below and above one block (4 KiB), a scalar
-    # state, 1/2/4-byte elements, more requests than one scan step (128), none at all.
+    # (state shape, dtype, requests): entries below and above one block (4 KiB) and one
+    # persistent work item (32 KiB), a scalar state, 1/2/4-byte elements, more requests than
+    # one scan step (128), none at all.
     for state, dtype, n in [((5, 1000), torch.float32, 40), ((3, 2000), torch.bfloat16, 40),
+                            ((9, 1000), torch.float32, 70),
                             ((4097,), torch.int8, 40), ((), torch.float32, 300),
                             ((7, 9), torch.bfloat16, 300), ((7, 9), torch.float32, 0)]:
         layers, cache, spec, draft = 2, 9, max(n, 1), 3
@@ -91,10 +94,14 @@ def _variants(gen) -> int:
 
 
 def main() -> None:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    cases = _rotations(gen) + _variants(gen)
+    cases = 0
+    for kernel in op.PATHS:  # the default (persistent) kernel and the per-chunk one
+        op.TUNING["kernel"] = kernel
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        cases += _rotations(gen) + _variants(gen)
     torch.cuda.synchronize()
-    print(f"adversarial_mamba_state_scatter: {cases} calls, all equal to the reference")
+    print(f"adversarial_mamba_state_scatter: {cases} calls ({', '.join(op.PATHS)} kernels), "
+          "all equal to the reference")
 
 
 if __name__ == "__main__":

@@ -306,6 +306,10 @@ def test_gpu_mamba_scatter_plan_equals_reference():
         mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
         assert torch.equal(dst, expected)
     assert mss._HOST_CALL(dst, src, slots, steps, None) is not MISS
+    with mss.kernel_variant("per_chunk"):  # another kernel chosen: the plan stands aside
+        assert mss._HOST_CALL(dst, src, slots, steps, None) is MISS
+        mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+    assert torch.equal(dst, expected)
 
 
 @gpu

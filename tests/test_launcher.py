@@ -615,8 +615,8 @@ def test_mamba_scatter_plan_launches_what_the_python_path_launches(
     from strictops.meta._contract import Contract
     # CPU tensors: a contract without rules stands in (the op's own tests cover its rules).
     path = KernelPath(mss._scatter_kernel, Contract(mss.contract.CONTRACT.op, "stand_in", ()),
-                      mss.contract.ARGUMENTS, mss._arguments, mss.TUNING["num_warps"],
-                      writes=("dst",))
+                      mss.contract.ARGUMENTS, mss._arguments,
+                      mss.TUNING["persistent"]["num_warps"], writes=("dst",))
     monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
     monkeypatch.setattr(mss, "_eager", path.eager)
     monkeypatch.setattr(mss, "_HOST_CALL", path.host.call)

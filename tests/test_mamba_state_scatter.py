@@ -23,6 +23,7 @@ from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
     assert_every_rule_pinned,
+    capture_cuda_graph,
     gpu,
     near_miss_message,
     raised,
@@ -116,44 +117,210 @@ def _fill(dims: contract.Dims, values: dict, device: str, gen: torch.Generator) 
     return args
 
 
+KERNELS = tuple(op.PATHS)  # "persistent" (the default) and "per_chunk"
+
+
+def _tunings(kernel: str):
+    """Tunings of ``kernel`` that reach its edge cases on interpreter-sized calls: several
+    chunks an entry, requests read and compared in blocks of 2 (the persistent kernel), one
+    program or a few doing many items."""
+    if kernel == "per_chunk":
+        return st.sampled_from([{}, {"block_bytes": 16}, {"block_bytes": 64}])
+    return st.fixed_dictionaries({
+        "chunk_bytes": st.sampled_from([16, 64, op.TUNING["persistent"]["chunk_bytes"]]),
+        "programs": st.integers(1, 7),
+        "scan": st.sampled_from([2, 4, op.SCAN]),
+        "tile": st.sampled_from([2, op.TILE]),
+    })
+
+
 @settings(SETTINGS, max_examples=120)
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
-    """Any index values (negative, out of range, near INT32_MAX, duplicate slots): the kernel
+    """Any index values (negative, out of range, near INT32_MAX, duplicate slots): each kernel
     writes exactly what the reference writes and reads nothing it should not."""
     dims = data.draw(calls_of.dims(device="cpu"))
     values = calls_of.index_values(data.draw, dims)
-    tuning = data.draw(st.sampled_from([{}, {"block_bytes": 16}, {"block_bytes": 64}]))
+    kernel = data.draw(st.sampled_from(KERNELS))
+    tuning = data.draw(_tunings(kernel))
     reverse = data.draw(st.booleans())  # the result must not depend on program order
     args = _fill(dims, values, "cpu", torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
     expected = op.reference(**args)
     src_before = args["src"].clone()
-    op.launch_interpreted(**args, reverse_programs=reverse, **tuning)
+    op.launch_interpreted(**args, reverse_programs=reverse, kernel=kernel, **tuning)
     assert torch.equal(args["dst"], expected)
     assert torch.equal(args["src"], src_before)
 
 
-def test_interpreted_kernel_reads_strided_index_tensors_in_place():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_interpreted_kernel_reads_strided_index_tensors_in_place(kernel):
     """Index tensors with a stride are read through it, not copied."""
     gen = torch.Generator().manual_seed(0)
     dst, src = torch.randn(2, 6, 3, generator=gen), torch.randn(2, 4, 3, 3, generator=gen)
     slots = torch.tensor([5, -1, 0, -1, 3, -1, 2, -1], dtype=torch.int32)[::2]
     steps = torch.tensor([2, 9, 0, 9, 9, 9, 1, 9], dtype=torch.int64)[::2]
     expected = op.reference(dst, src, slots, steps)
-    op.launch_interpreted(dst, src, slots, steps)
+    op.launch_interpreted(dst, src, slots, steps, kernel=kernel)
     assert torch.equal(dst, expected)
     # slot 3's request asked for step 9 >= draft_tokens: skipped; the other three were written.
     assert torch.equal(dst[:, 5], src[:, 0, 2]) and torch.equal(dst[:, 2], src[:, 3, 1])
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("reverse_programs", [False, True])
-def test_duplicate_slots_last_valid_request_wins(reverse_programs):
+def test_duplicate_slots_last_valid_request_wins(kernel, reverse_programs):
     gen = torch.Generator().manual_seed(1)
     dst, src = torch.randn(2, 3, 4, generator=gen), torch.randn(2, 4, 2, 4, generator=gen)
     slots = torch.tensor([1, 1, 1, 1])
     steps = torch.tensor([0, 1, 1, -1])  # request 3 is rejected: request 2 is the last writer
-    op.launch_interpreted(dst, src, slots, steps, reverse_programs=reverse_programs)
+    op.launch_interpreted(dst, src, slots, steps, reverse_programs=reverse_programs,
+                          kernel=kernel)
     assert torch.equal(dst[:, 1], src[:, 2, 1])
+
+
+@pytest.mark.parametrize("reverse_programs", [False, True])
+@pytest.mark.parametrize("programs", [1, 3, 64])
+def test_persistent_duplicates_across_blocks_and_many_items(reverse_programs, programs):
+    """More requests than one block of the default ``SCAN``, duplicate slots whose writers lie
+    in different blocks (and in different compared tiles), entries of several chunks, and
+    programs doing one item or many: equal to the reference, the later request winning."""
+    gen = torch.Generator().manual_seed(2)
+    n, cache = 3 * op.SCAN + 5, 40
+    dst, src = torch.randn(3, cache, 2, 9, generator=gen), torch.randn(3, n, 2, 2, 9,
+                                                                      generator=gen)
+    slots = torch.randint(0, cache - 1, (n,), generator=gen)  # duplicates among them too
+    slots[slots == 7] = cache - 1
+    steps = torch.randint(-1, 2, (n,), generator=gen)
+    slots[[0, op.SCAN + 1, 2 * op.SCAN + 2, n - 1]] = 7  # one slot, four blocks
+    steps[[0, op.SCAN + 1, 2 * op.SCAN + 2]] = 1
+    steps[n - 1] = 2  # out of range: the third of them is the last writer
+    expected = op.reference(dst, src, slots, steps)
+    op.launch_interpreted(dst, src, slots, steps, reverse_programs=reverse_programs,
+                          kernel="persistent", chunk_bytes=32, programs=programs)
+    assert torch.equal(dst, expected)
+    assert torch.equal(dst[:, 7], src[:, 2 * op.SCAN + 2, 1])
+
+
+def test_persistent_default_tuning_at_a_moderate_shape():
+    """The default item size (32 KiB: several items an entry, 16-byte vectors), ``SCAN`` and
+    ``TILE`` on 48 requests with every kind of bad index and a duplicate slot, 13 programs in
+    reverse order: the reference's bits."""
+    args = op.example_inputs("cpu", False, torch.Generator().manual_seed(0))
+    expected = op.reference(**args)
+    op.launch_interpreted(**args, reverse_programs=True, kernel="persistent", programs=13)
+    assert torch.equal(args["dst"], expected)
+
+
+def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: bool) -> tuple:
+    """``(registers, spilled bytes, 16-byte loads)`` of a kernel compiled for sm_90 without a
+    GPU with its default tuning: pointers, entry size and strides marked multiples of 16, as
+    Triton's specialisation marks them in serving (``ptxas -v`` on its PTX)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    path = op.PATHS[kernel]
+    fn, tuning = path.jit_fn, op.TUNING[kernel]
+    esize = {"fp32": 4, "bf16": 2}[dtype]
+    if kernel == "persistent":
+        constexprs = {"CHUNK": tuning["chunk_bytes"] // esize, "SCAN": op.SCAN, "TILE": op.TILE}
+    else:
+        constexprs = {"BLOCK": tuning["block_bytes"] // esize, "SCAN": op.SCAN_PER_CHUNK}
+    constexprs["HAS_SRC_INDICES"] = has_src_indices
+    hinted = ("dst_ptr", "src_ptr", "dst_idx_ptr", "step_idx_ptr", "src_idx_ptr", "entry_numel",
+              "dst_layer_stride", "dst_slot_stride")
+    signature = {name: "constexpr" if name in constexprs else
+                 f"*{dtype}" if name in ("dst_ptr", "src_ptr") else
+                 f"*{index_dtype}" if name.endswith("_ptr") else "i32"
+                 for name in fn.arg_names}
+    source = triton.compiler.ASTSource(
+        fn=fn, signature=signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+        attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": tuning["num_warps"]})
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(compiled.asm["ptx"])
+        info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o",
+                               f"{tmp}/k.cubin"], capture_output=True, text=True, check=True)
+    registers = int(re.search(r"Used (\d+) registers", info.stderr).group(1))
+    spilled = sum(map(int, re.findall(r"(\d+) bytes spill", info.stderr)))
+    return registers, spilled, compiled.asm["ptx"].count("ld.global.v4")
+
+
+@pytest.mark.parametrize("dtype, index_dtype, has_src_indices",
+                         [("fp32", "i32", False), ("bf16", "i64", True)])
+def test_persistent_kernel_fits_its_programs_per_sm_on_sm90(dtype, index_dtype,
+                                                           has_src_indices):
+    """Without a GPU: the persistent kernel compiled for sm_90 spills nothing, copies with
+    16-byte loads, and its registers let every program of its grid (``programs_per_sm`` of
+    ``num_warps`` warps) be resident at once on a 64K-register SM; a program that is not
+    would run its whole share after the others."""
+    registers, spilled, vector_loads = _sm90_registers("persistent", dtype, index_dtype,
+                                                       has_src_indices)
+    tuning = op.TUNING["persistent"]
+    per_warp = -(-registers * 32 // 256) * 256  # allocated per warp in 256-register units
+    assert spilled == 0 and vector_loads > 0
+    assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= 65536, registers
+
+
+def test_kernel_variant_switches_the_kernel_for_a_block_only():
+    gen = torch.Generator().manual_seed(9)
+    dst, src = torch.randn(2, 4, 3, generator=gen), torch.randn(2, 3, 2, 3, generator=gen)
+    slots, steps = torch.tensor([2, 0, 2]), torch.tensor([1, -1, 0])
+    expected = op.reference(dst, src, slots, steps)
+    default = op.TUNING["kernel"]
+    with op.kernel_variant("per_chunk"):
+        assert op.TUNING["kernel"] == "per_chunk"
+        op.launch_interpreted(dst, src, slots, steps, reverse_programs=True)
+    assert op.TUNING["kernel"] == default and torch.equal(dst, expected)
+    with pytest.raises(ValueError, match="Expected a kernel in"):
+        with op.kernel_variant("per_request"):
+            pass
+
+
+_INVALID = {  # (slot, step, row) of a request that must not write, one broken index each
+    "negative slot": (-1, 0, 0), "slot past the cache": (5, 0, 0), "negative step": (0, -1, 0),
+    "step past the draft": (0, 2, 0), "negative row": (0, 0, -1), "row past spec": (0, 0, 3),
+    "INT32_MAX slot": (2**31 - 1, 0, 0), "INT32_MIN step": (0, -(2**31), 0),
+    "2**40 row": (0, 0, 2**40),
+}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_all_invalid_requests_write_nothing(kernel, index_dtype):
+    """Every request invalid, each in its own way (int32 tensors hold what fits): ``dst``
+    unchanged, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    dst, src = torch.randn(2, 5, 6, generator=gen), torch.randn(2, 3, 2, 6, generator=gen)
+    limit = torch.iinfo(index_dtype).max
+    cases = [v for v in _INVALID.values() if max(map(abs, v)) <= limit]
+    slots, steps, rows = (torch.tensor(c, dtype=index_dtype) for c in zip(*cases))
+    before = dst.clone()
+    for rows_given in (rows, None):
+        if rows_given is None:  # request i reads row i: rows past spec from the count alone
+            slots, steps = slots[:1].repeat(4), steps[:1].repeat(4)
+        op.launch_interpreted(dst, src, slots, steps, rows_given, kernel=kernel)
+        assert torch.equal(dst, before)
+
+
+def test_persistent_grid_does_not_grow_with_the_requests():
+    """The persistent kernel's grid is the smaller of its program count and the work items any
+    index values can give: 1000 requests launch as many programs as 100."""
+    gen = torch.Generator().manual_seed(4)
+    dst, src = torch.randn(2, 8, 64), torch.randn(2, 1000, 2, 64)
+    grids = []
+    for n in (1, 100, 1000):
+        slots = torch.randint(0, 8, (n,), generator=gen)
+        grid, _ = op._arguments(dst, src, slots, slots, None, chunk_bytes=64, programs=300)
+        grids.append(grid[0])
+    assert grids == [1 * 2 * 4, 300, 300]  # 1 request x 2 layers x 4 chunks of 16 floats
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,3 +396,68 @@ def test_gpu_large_entry_and_large_strides():
     steps = torch.tensor([0], device="cuda", dtype=torch.int32)
     fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
     assert torch.equal(dst[:, 2], src[:, 0, 0])
+
+
+def _many_requests(n: int, valid: int, cache: int, gen: torch.Generator):
+    """Slots (int32, duplicates among them) and steps (int64) of ``n`` requests, ``valid`` of
+    them valid, on the GPU."""
+    slots = torch.randint(0, cache, (n,), generator=gen).to(torch.int32)
+    steps = torch.randint(0, 4, (n,), generator=gen)
+    steps[torch.randperm(n, generator=gen)[valid:]] = -1
+    return slots.cuda(), steps.cuda()
+
+
+@gpu
+@pytest.mark.parametrize("n, valid", [(64, 0), (64, 1), (64, 51), (300, 250)])
+def test_gpu_persistent_and_per_chunk_kernels_write_the_same_bits(monkeypatch, n, valid):
+    """Both kernels, at a model-like entry (128 KiB fp32, several chunks) and more requests than
+    several blocks of ``SCAN`` with duplicate slots: the reference's bits, each."""
+    gen = torch.Generator().manual_seed(n + valid)
+    dst = torch.randn(3, 40, 8, 64, 64, generator=gen).cuda()
+    src = torch.randn(3, n, 4, 8, 64, 64, generator=gen).cuda()
+    slots, steps = _many_requests(n, valid, 40, gen)
+    expected = op.reference(dst, src, slots, steps)
+    for kernel in KERNELS:
+        monkeypatch.setitem(op.TUNING, "kernel", kernel)
+        out = dst.clone()
+        fused_mamba_state_scatter_with_mask(out, src, slots, steps)
+        assert torch.equal(out, expected), kernel
+
+
+@gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gpu_graph_replay_reads_new_index_values(monkeypatch, kernel):
+    """A captured call replayed after its index tensors change in place (all invalid, one
+    valid, many valid with duplicates) writes what the new values ask for."""
+    monkeypatch.setitem(op.TUNING, "kernel", kernel)
+    gen = torch.Generator().manual_seed(7)
+    dst = torch.randn(4, 24, 3, 1000, generator=gen).cuda()
+    src = torch.randn(4, 70, 4, 3, 1000, generator=gen).cuda()
+    slots, steps = _many_requests(70, 0, 24, gen)
+    graph, _ = capture_cuda_graph(fused_mamba_state_scatter_with_mask, dst, src, slots, steps)
+    for valid in (0, 1, 60):
+        new_slots, new_steps = _many_requests(70, valid, 24, gen)
+        slots.copy_(new_slots)
+        steps.copy_(new_steps)
+        expected = op.reference(dst, src, slots, steps)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(dst, expected), valid
+
+
+@gpu
+def test_gpu_persistent_programs_are_all_resident():
+    """The compiled persistent kernels' registers (as loaded on this GPU) let
+    ``programs_per_sm`` programs share an SM, as the grid assumes."""
+    args = op.example_inputs("cuda:0", False, torch.Generator().manual_seed(8))
+    fused_mamba_state_scatter_with_mask(**args)
+    torch.cuda.synchronize()
+    regs_per_sm = getattr(torch.cuda.get_device_properties(0), "regs_per_multiprocessor", 65536)
+    tuning = op.TUNING["persistent"]
+    compiled = list(op._scatter_kernel.device_caches[torch.cuda.current_device()][0].values())
+    assert compiled
+    for kernel in compiled:
+        kernel._init_handles()
+        per_warp = -(-kernel.n_regs * 32 // 256) * 256
+        assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= regs_per_sm, (
+            kernel.n_regs)
