@@ -92,6 +92,10 @@ def configure(recorder=None, get_device=None, get_stream=None) -> None:
 configure()
 
 
+# A result item that is None (the extension's kNoneRef).
+_NONE_REF = -(1 << 30)
+
+
 def _always_miss(*args: Any) -> Any:
     return MISS
 
@@ -142,8 +146,8 @@ class HostPath:
         ``options`` and ``device``: the launch the Python path made through the cached
         launcher. ``allocations``: per allocation the Python path made, ``(sizes, dtype,
         split)`` (``split``: unbound along dim 0), in order, and ``fresh`` the tensors they gave
-        (flattened). ``result``: what the op returned: None, a tensor, or a tuple of tensors,
-        each an argument or a fresh tensor. ``settings``: ``(namespace, name)`` of each
+        (flattened). ``result``: what the op returned: None, a tensor, or a tuple of tensors
+        (each an argument or a fresh tensor) and Nones. ``settings``: ``(namespace, name)`` of each
         module setting the Python path read to choose its launch (a kernel choice, a tuning
         dict): the plan serves calls only while each equals its value now.
 
@@ -191,7 +195,7 @@ class HostPath:
             kind, returned = 1, (result,)
         else:
             kind, returned = 2, tuple(result)
-        result_refs = tuple(refs.get(id(t)) for t in returned)
+        result_refs = tuple(_NONE_REF if t is None else refs.get(id(t)) for t in returned)
         if None in result_refs:
             return None
         bump = tuple(i for i in self.writes if args[i] is not None)

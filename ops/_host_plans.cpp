@@ -232,8 +232,10 @@ struct KeyHash {
 // ---------------------------------------------------------------------------------------
 // Plans.
 
-// A reference to a tensor of the call: argument ``index`` (>= 0), or new output ``-index - 1``.
+// A reference to a tensor of the call: argument ``index`` (>= 0), or new output ``-index - 1``;
+// in a result, kNoneRef stands for None.
 using Ref = int;
+constexpr Ref kNoneRef = -(1 << 30);
 
 struct Allocation {
   std::vector<int64_t> sizes;
@@ -413,15 +415,15 @@ PyObject* run_plan(const Plan& plan, PyObject* const* args) {
     if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
   }
   if (plan.result_kind == 0) Py_RETURN_NONE;
-  if (plan.result_kind == 1) {
-    Ref ref = plan.result[0];
+  auto result_item = [&](Ref ref) -> PyObject* {
+    if (ref == kNoneRef) return Py_NewRef(Py_None);
     return ref >= 0 ? Py_NewRef(args[ref]) : THPVariable_Wrap(call.fresh[-ref - 1]);
-  }
+  };
+  if (plan.result_kind == 1) return result_item(plan.result[0]);
   PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(plan.result.size()));
   if (result == nullptr) return nullptr;
   for (size_t i = 0; i < plan.result.size(); ++i) {
-    Ref ref = plan.result[i];
-    PyObject* item = ref >= 0 ? Py_NewRef(args[ref]) : THPVariable_Wrap(call.fresh[-ref - 1]);
+    PyObject* item = result_item(plan.result[i]);
     if (item == nullptr) {
       Py_DECREF(result);
       return nullptr;

@@ -41,6 +41,7 @@ from strictops.meta import mamba_commit_indices as contract
 from strictops.meta._contract import CachedValidation
 
 from ._dispatch import can_skip_dispatcher, on_device_of
+from ._host_path import MISS, HostPath
 from ._interpret import interpreted
 from ._launcher import Launcher, keyword_constexprs
 
@@ -150,12 +151,23 @@ _LAUNCHER = Launcher(_commit_kernel)
 _OPTIONS = (("num_warps", NUM_WARPS),)
 
 
+_HOST = HostPath(_VALIDATION)
+_HOST_CALL = _HOST.call
+
+
 def _eager(accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval):
-    _VALIDATION(accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval)
+    """The plain eager call: the cached verdict, both results, the cached launch; a call it
+    served leaves a plan of its signature for the C++ path (strictops.ops._host_path)."""
+    args = (accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval)
+    _VALIDATION(*args)
     results = _allocate(accept_lens, seq_lens)
-    grid, args = _arguments(accept_index, accept_lens, seq_lens, draft_token_num,
-                            mamba_track_interval, *results)
-    _LAUNCHER(grid, args, _OPTIONS, accept_lens.get_device())
+    grid, kernel_args = _arguments(*args, *results)
+    device = accept_lens.get_device()
+    _LAUNCHER(grid, kernel_args, _OPTIONS, device)
+    sizes = [(t.shape[0],) for t in results]
+    _HOST.register(args, _LAUNCHER, grid, kernel_args, _OPTIONS, device,
+                   [(size, torch.int64, False) for size in sizes], results,
+                   (results[0], results[1] if seq_lens is not None else None))
     return results
 
 
@@ -201,6 +213,11 @@ def fused_commit_track_indices(
         ``[batch]`` int64 each, new tensors; the second is None without ``seq_lens``. ``-1``
         marks a request with nothing to commit or track (see the module docstring).
     """
+    if not torch.compiler.is_compiling():  # the C++ path, for a signature served before
+        result = _HOST_CALL(accept_index, accept_lens, seq_lens, draft_token_num,
+                            mamba_track_interval)
+        if result is not MISS:
+            return result
     args = (accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval)
     if can_skip_dispatcher(accept_index, accept_lens, seq_lens):
         last_correct, steps_to_track = _eager(*args)

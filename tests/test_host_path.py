@@ -330,3 +330,18 @@ def test_gpu_planned_call_captures_in_a_cuda_graph():
     torch.cuda.synchronize()
     for a, b in zip(expected, captured):
         assert torch.equal(a, b)
+
+
+@gpu
+@pytest.mark.parametrize("track", [False, True])
+def test_gpu_commit_indices_plan_equals_reference(track):
+    from strictops.ops import mamba_commit_indices as mci
+    for seed in range(3):  # the Python path, then the plan, twice
+        args = mci.example_inputs("cuda", False, torch.Generator().manual_seed(seed))
+        if not track:
+            args["seq_lens"] = None
+        expected = mci.reference(**args)
+        got = mci.fused_commit_track_indices(**args)
+        assert torch.equal(got[0], expected[0])
+        assert (got[1] is None) if not track else torch.equal(got[1], expected[1])
+    assert mci._HOST_CALL(*args.values()) is not MISS

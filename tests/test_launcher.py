@@ -640,3 +640,41 @@ def test_mamba_scatter_plan_launches_what_the_python_path_launches(
     shifted = torch.zeros(5, dtype=torch.int64)[1:]
     mss.fused_mamba_state_scatter_with_mask(dst, src, slots, shifted)
     assert len(host_recorder) == 2 and len(path.host.cache) == 2 and len(path.launcher.prepared) == 2
+
+
+@_needs_host_path
+@pytest.mark.parametrize("with_seq_lens", [False, True])
+def test_mamba_commit_indices_plan_launches_what_the_python_path_launches(
+        recording_driver, host_recorder, monkeypatch, with_seq_lens):
+    from strictops.meta._contract import CachedValidation, Contract
+    from strictops.ops import mamba_commit_indices as mci
+    from strictops.ops._host_path import HostPath
+    # CPU tensors: a contract without rules stands in (the op's own tests cover its rules).
+    validation = CachedValidation(Contract(mci.contract.CONTRACT.op, "stand_in", ()),
+                                  mci.contract.ARGUMENTS)
+    host = HostPath(validation)
+    monkeypatch.setattr(mci, "_VALIDATION", validation)
+    monkeypatch.setattr(mci, "_HOST", host)
+    monkeypatch.setattr(mci, "_HOST_CALL", host.call)
+    monkeypatch.setattr(mci, "_LAUNCHER", Launcher(mci._commit_kernel))
+    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
+    accept_index = torch.zeros(6, 4, dtype=torch.int32)
+    lens = torch.zeros(6, dtype=torch.int64)
+    call = (accept_index, lens, lens.clone() if with_seq_lens else None, 4, 8)
+    python = mci.fused_commit_track_indices(*call)
+    python_launch = _RecordingLauncher.calls[-1]
+    planned = mci.fused_commit_track_indices(*call)
+    assert len(host_recorder) == 1 and _RecordingLauncher.calls[-1] is python_launch
+    assert (planned[1] is None) == (python[1] is None) == (not with_seq_lens)
+    for mine, theirs in zip(planned, python):
+        if theirs is not None:
+            assert mine.shape == theirs.shape and mine.dtype == theirs.dtype
+    kernel = next(iter(mci._LAUNCHER.prepared.values())).kernel
+    expected = _triton_params(python_launch, kernel.src.signature)
+    launched = _params(host_recorder[0], kernel.src.signature)
+    # Each result's address in the Python path's launch is the plan's result's in its own
+    # (an empty result has none: 0 in both).
+    by_python_address = {theirs.data_ptr(): mine.data_ptr()
+                         for mine, theirs in zip(planned, python) if theirs is not None}
+    assert launched == [by_python_address.get(p, p) for p in expected]
+    assert host_recorder[0][1] == python_launch[:3]
