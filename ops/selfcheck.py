@@ -31,7 +31,7 @@ import torch
 from strictops.meta import CONTRACTS
 from strictops.meta._calls import Call, failures, fake_mode
 from strictops.meta._specs import TensorSpec, build_value, buildable_here
-from strictops.ops import OP_MODULES
+from strictops.ops import OP_MODULES, _host_path
 
 SEED = 0
 # Fake tensors may name a CUDA device even in a CPU-only build of torch.
@@ -192,4 +192,6 @@ def main() -> int:
     print(f"\n{len(OP_MODULES)} op(s), {len(rows)} checks: {len(rows) - failed - skipped} passed, "
           f"{skipped} skipped, "
           f"{failed} failed ({time.perf_counter() - start:.1f} s)")
+    print("C++ eager path: " + ("built" if _host_path.available() else
+                                "not built (every eager call takes the Python path)"))
     return 1 if failed else 0
