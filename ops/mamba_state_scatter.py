@@ -245,12 +245,15 @@ def _per_chunk_kernel(
 
 # The kernel a call launches, and each kernel's tuning. Why these values, with the numbers:
 # docs/design/mamba_state_scatter.md#grid and #tuning.
+# "per_chunk", the default: 4 KiB / 4 warps per program reached 0.94 of the copy bandwidth on
+#   the large SSM shape on the H200 (16 KiB: 0.91). The persistent kernel is 8-20x faster when
+#   most requests are invalid but 5-8% slower on full commits (it loads at 240 registers a
+#   thread on the H200, one program per SM), and Inductor clones the index tensors it reads.
 # "persistent": 32 KiB work items copied by 8 warps (the work shape of sglang's persistent
-#   state-tracking kernel); 3 programs per SM, all that fit at its 80 registers (sm_90).
-# "per_chunk": 4 KiB / 4 warps per program reached 0.94 of the copy bandwidth on the large SSM
-#   shape on the H200 (16 KiB: 0.91).
+#   state-tracking kernel); 3 programs per SM, all that would fit at the 80 registers ptxas
+#   gives it for sm_90 offline.
 TUNING = {
-    "kernel": "persistent",
+    "kernel": "per_chunk",
     "persistent": {"chunk_bytes": 32768, "num_warps": 8, "programs_per_sm": 3},
     "per_chunk": {"block_bytes": 4096, "num_warps": 4},
 }
@@ -323,20 +326,21 @@ def _per_chunk_arguments(dst, src, dst_indices_raw, step_indices_raw, src_indice
 # The launch paths of each kernel (strictops.ops._kernel_path): the op's body (also its fake)
 # validates in full and launches through ``kernel[grid]``; a plain eager call takes the
 # contract's cached verdict and the cached launcher (strictops.ops._launcher); the same rules
-# and the same launch. ``TUNING["kernel"]`` picks one on every call. A call the default path
-# served leaves a plan for the C++ path (strictops.ops._host_path), which serves its signature
-# while ``TUNING`` is unchanged.
+# and the same launch. ``TUNING["kernel"]`` picks one on every call. A call a path served
+# leaves a plan for its C++ path (strictops.ops._host_path, ``_HOSTS``), which serves the
+# signature while ``TUNING`` is unchanged.
 PATHS = {
     "persistent": KernelPath(_scatter_kernel, contract.CONTRACT, contract.ARGUMENTS,
                              _arguments, TUNING["persistent"]["num_warps"], writes=("dst",),
                              settings=((globals(), "TUNING"),)),
     "per_chunk": KernelPath(_per_chunk_kernel, contract.CONTRACT, contract.ARGUMENTS,
-                            _per_chunk_arguments, TUNING["per_chunk"]["num_warps"]),
+                            _per_chunk_arguments, TUNING["per_chunk"]["num_warps"],
+                            writes=("dst",), settings=((globals(), "TUNING"),)),
 }
+_HOSTS = {name: path.host.call for name, path in PATHS.items()}
 _PATH = PATHS["persistent"]
 _launch, _forward = _PATH.launch, _PATH.forward
 _VALIDATION, _LAUNCHER, _OPTIONS = _PATH.validation, _PATH.launcher, _PATH.options
-_HOST_CALL = _PATH.host.call
 
 
 def _eager(*args) -> None:
@@ -408,7 +412,7 @@ def fused_mamba_state_scatter_with_mask(
     In plain eager mode the call skips the dispatcher (see ``strictops.ops._dispatch``);
     ``torch.ops.strictops.fused_mamba_state_scatter_with_mask`` is the same op through it.
     """
-    if not torch.compiler.is_compiling() and _HOST_CALL(  # a signature served before
+    if not torch.compiler.is_compiling() and _HOSTS[TUNING["kernel"]](  # served before
             dst, src, dst_indices_raw, step_indices_raw, src_indices_raw) is not MISS:
         return
     if can_skip_dispatcher(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):

@@ -305,10 +305,14 @@ def test_gpu_mamba_scatter_plan_equals_reference():
         expected = mss.reference(dst, src, slots, steps)
         mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
         assert torch.equal(dst, expected)
-    assert mss._HOST_CALL(dst, src, slots, steps, None) is not MISS
-    with mss.kernel_variant("per_chunk"):  # another kernel chosen: the plan stands aside
-        assert mss._HOST_CALL(dst, src, slots, steps, None) is MISS
-        mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+    default = mss.TUNING["kernel"]
+    assert mss._HOSTS[default](dst, src, slots, steps, None) is not MISS
+    other = next(name for name in mss.PATHS if name != default)
+    with mss.kernel_variant(other):  # another kernel chosen: the default's plan stands aside
+        assert mss._HOSTS[default](dst, src, slots, steps, None) is MISS
+        for _ in range(2):  # the other kernel's Python path, then its own plan
+            mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+        assert mss._HOSTS[other](dst, src, slots, steps, None) is not MISS
     assert torch.equal(dst, expected)
 
 

@@ -446,7 +446,8 @@ def test_gpu_mamba_scatter_misaligned_dst_view():
         expected = mss.reference(dst, src, slots, steps)
         fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
         assert torch.equal(dst, expected), offset
-    aligned = {key[5] for key in mss._LAUNCHER.prepared}  # dst's alignment: after 4 + dtype
+    launcher = mss.PATHS[mss.TUNING["kernel"]].launcher
+    aligned = {key[5] for key in launcher.prepared}  # dst's alignment: after 4 + dtype
     assert {True, False} <= aligned
 
 
@@ -619,7 +620,7 @@ def test_mamba_scatter_plan_launches_what_the_python_path_launches(
                       mss.TUNING["persistent"]["num_warps"], writes=("dst",))
     monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
     monkeypatch.setattr(mss, "_eager", path.eager)
-    monkeypatch.setattr(mss, "_HOST_CALL", path.host.call)
+    monkeypatch.setitem(mss._HOSTS, mss.TUNING["kernel"], path.host.call)
     dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
     slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
     version = dst._version

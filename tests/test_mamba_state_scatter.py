@@ -446,6 +446,9 @@ def test_gpu_graph_replay_reads_new_index_values(monkeypatch, kernel):
 
 
 @gpu
+@pytest.mark.xfail(strict=True, reason="on the H200 the persistent kernel loads at 240 "
+                   "registers a thread (80 in ptxas offline): one program per SM fits, not "
+                   "three; why it is not the default (docs/design/mamba_state_scatter.md)")
 def test_gpu_persistent_programs_are_all_resident():
     """The compiled persistent kernels' registers (as loaded on this GPU) let
     ``programs_per_sm`` programs share an SM, as the grid assumes."""

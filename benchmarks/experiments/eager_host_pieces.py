@@ -121,12 +121,19 @@ def c_launch_us(launcher, grid, args, options) -> float | None:
 def python_path(module, calls: dict) -> dict:
     """``per_call_us`` of each of ``calls`` with ``module``'s C++ eager path off (every call
     takes the Python path)."""
-    saved = module._HOST_CALL
-    module._HOST_CALL = lambda *args: MISS
+    hosts = getattr(module, "_HOSTS", None)  # one C++ path per kernel
+    saved = dict(hosts) if hosts is not None else module._HOST_CALL
+    if hosts is not None:
+        hosts.update({name: lambda *args: MISS for name in hosts})
+    else:
+        module._HOST_CALL = lambda *args: MISS
     try:
         return {name: per_call_us(fn) for name, fn in calls.items()}
     finally:
-        module._HOST_CALL = saved
+        if hosts is not None:
+            hosts.update(saved)
+        else:
+            module._HOST_CALL = saved
 
 
 def sparse_pieces() -> dict:
@@ -212,7 +219,7 @@ def mamba_pieces() -> dict:
         "public_bench_host": bench_host_us(public),
         "public_tiny": per_call_us(public_tiny),
         "public_tiny_bench_host": bench_host_us(public_tiny),
-        "plan": per_call_us(lambda: mss._HOST_CALL(*args)),
+        "plan": per_call_us(lambda: mss._HOSTS[mss.TUNING["kernel"]](*args)),
         **python_path(mss, {"public_python_path": public,
                             "public_tiny_python_path": public_tiny}),
         "public_bench_host_gpu_busy": busy_gpu_host_us(public),
