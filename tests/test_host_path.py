@@ -25,16 +25,6 @@ from strictops.ops import _host_path  # noqa: E402
 from strictops.ops._host_path import MISS, HostPath  # noqa: E402
 
 
-@pytest.fixture
-def recorded():
-    launches = []
-    _host_path.configure(recorder=lambda *launch: launches.append(launch))
-    try:
-        yield launches
-    finally:
-        _host_path.configure()
-
-
 def _spec(pairs=(), result_kind=0, result=(), bump=(), guards=None):
     """A plan without allocations that launches a one-parameter kernel (argument 0's
     address) on a CPU "device" (record mode)."""
@@ -73,22 +63,22 @@ def _variants(args):
     yield "fewer arguments", (x, y, None, 3, 0.5)
 
 
-def test_a_call_that_differs_in_one_piece_misses(recorded):
+def test_a_call_that_differs_in_one_piece_misses(host_recorder):
     cache = host_plans.PlanCache()
     args = _base()
     assert cache(*args) is MISS and cache.known(*args) is False
     assert cache.add(args, _spec()) is True
-    assert cache(*args) is None and len(recorded) == 1
+    assert cache(*args) is None and len(host_recorder) == 1
     # The same metadata in other tensors: the plan, with their addresses.
     again = (torch.zeros(4, 8), torch.zeros(8, dtype=torch.int32), None, 3, 0.5, True)
     assert cache(*again) is None
-    assert int.from_bytes(recorded[-1][8][:8], "little") == again[0].data_ptr()
+    assert int.from_bytes(host_recorder[-1][8][:8], "little") == again[0].data_ptr()
     for what, variant in _variants(args):
         assert cache(*variant) is MISS, what
-    assert len(recorded) == 2
+    assert len(host_recorder) == 2
 
 
-def test_one_tensor_twice_is_its_own_key(recorded):
+def test_one_tensor_twice_is_its_own_key(host_recorder):
     cache = host_plans.PlanCache()
     x = torch.zeros(4)
     assert cache.add((x, x), _spec(result_kind=2, result=(0, 1))) is True
@@ -105,7 +95,7 @@ def test_no_key_for_other_argument_kinds():
         assert cache.known(odd) is None and cache.add((odd,), None) is False
 
 
-def test_the_gate_refuses_what_the_dispatcher_must_see(recorded):
+def test_the_gate_refuses_what_the_dispatcher_must_see(host_recorder):
     cache = host_plans.PlanCache()
     args = _base()
     cache.add(args, _spec())
@@ -125,10 +115,10 @@ def test_the_gate_refuses_what_the_dispatcher_must_see(recorded):
     seen = []
     torch.func.vmap(lambda t: seen.append(cache(t[0], *args[1:])) or t)(args[0][None])
     assert seen == [MISS]
-    assert cache(*args) is None and len(recorded) == 1
+    assert cache(*args) is None and len(host_recorder) == 1
 
 
-def test_launch_hooks_and_knobs_refuse_plans(recorded):
+def test_launch_hooks_and_knobs_refuse_plans(host_recorder):
     from triton import knobs
     cache = host_plans.PlanCache()
     args = _base()
@@ -148,7 +138,7 @@ def test_launch_hooks_and_knobs_refuse_plans(recorded):
     assert cache(*args) is None
 
 
-def test_plan_guards_on_a_setting_that_changes_in_place(recorded):
+def test_plan_guards_on_a_setting_that_changes_in_place(host_recorder):
     settings = {"num_warps": 8}
     cache = host_plans.PlanCache()
     args = _base()
@@ -160,7 +150,7 @@ def test_plan_guards_on_a_setting_that_changes_in_place(recorded):
     assert cache(*args) is None
 
 
-def test_plan_guards_on_a_rebound_global(recorded):
+def test_plan_guards_on_a_rebound_global(host_recorder):
     namespace = {"SCALE": 2}
     cache = host_plans.PlanCache()
     args = _base()
@@ -172,7 +162,7 @@ def test_plan_guards_on_a_rebound_global(recorded):
     assert cache(*args) is MISS
 
 
-def test_version_counters_and_results(recorded):
+def test_version_counters_and_results(host_recorder):
     cache = host_plans.PlanCache()
     args = _base()
     cache.add(args, _spec(result_kind=1, result=(1,), bump=(0,)))

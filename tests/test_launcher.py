@@ -505,17 +505,6 @@ def _needs_host_path(test):
                               reason="built without the C++ eager path")(test)
 
 
-@pytest.fixture
-def host_recorder():
-    from strictops.ops import _host_path
-    launches = []
-    _host_path.configure(recorder=lambda *launch: launches.append(launch))
-    try:
-        yield launches
-    finally:
-        _host_path.configure()
-
-
 def _params(launch, signature):
     """A recorded C++ launch's parameters, decoded by the kernel's signature: pointers as
     addresses, scalars as Triton packs them (floats rounded to the parameter's type)."""
