@@ -62,7 +62,7 @@ def available() -> bool:
     return _host_plans is not None
 
 
-def _no_cuda_device() -> int:
+def _no_cuda_device(*args: Any) -> int:
     return -1
 
 
