@@ -307,27 +307,46 @@ def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch, sm90_kerne
                    lambda: ws.launch(*call))
 
 
+def _sparse_mla_module():
+    from strictops.ops import sparse_mla_prefill as sparse
+    if sparse._sparse_mla_sm90 is None:
+        pytest.skip("this Triton has no Gluon")
+    return sparse
+
+
+def _sparse_eager_on_cpu(recording_driver, monkeypatch):
+    """The sparse MLA op's eager path on CPU tensors under the recording driver: the contract
+    stood in for (its own tests cover it), the sm_90 Gluon kernel chosen, fresh launchers, a
+    CPU "device" of 132 SMs. Returns the op module and its sm_90 launch module."""
+    sparse = _sparse_mla_module()
+    ws = sparse._sparse_mla_sm90
+    monkeypatch.setattr(sparse, "_VALIDATION", lambda *args: None)
+    monkeypatch.setattr(sparse, "_is_sm90", lambda index: True)
+    monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
+                                           for name, launcher in ws._LAUNCHERS.items()})
+    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
+    monkeypatch.setattr(ws.KERNELS["block_pair"], "sm_count", lambda device: 132)
+    return sparse, ws
+
+
+def _sparse_cpu_inputs():
+    """q, kv, indices, one scale and the three buffers of a 3-token call of 64 heads."""
+    q = torch.zeros(3, 64, 576, dtype=torch.float8_e4m3fn)
+    kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
+    indices, scale = torch.zeros(3, 1, 128, dtype=torch.int32), torch.ones(1)
+    buffers = {"out": torch.zeros(3, 64, 512, dtype=torch.bfloat16),
+               "max_logits": torch.zeros(3, 64), "lse": torch.zeros(3, 64)}
+    return q, kv, indices, scale, buffers
+
+
 @pytest.mark.parametrize("given", ["", "out", "max_logits", "lse", "out,max_logits,lse"])
 def test_sparse_mla_eager_allocates_and_launches_its_outputs(recording_driver, monkeypatch,
                                                             given):
     """The eager path's outputs: the buffers given, the rest allocated (``max_logits`` and
     ``lse``, when both are missing, as the halves of one allocation), each the one the launch
     writes. The contract is stood in for (its own tests cover it; these are CPU tensors)."""
-    from strictops.ops import sparse_mla_prefill as sparse
-    ws = sparse._sparse_mla_sm90
-    if ws is None:
-        pytest.skip("this Triton has no Gluon")
-    monkeypatch.setattr(sparse, "_VALIDATION", lambda *args: None)
-    monkeypatch.setattr(sparse, "_is_sm90", lambda index: True)
-    monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
-                                           for name, launcher in ws._LAUNCHERS.items()})
-    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)  # a CPU "device"
-    monkeypatch.setattr(ws.KERNELS["block_pair"], "sm_count", lambda device: 132)
-    q = torch.zeros(3, 64, 576, dtype=torch.float8_e4m3fn)
-    kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
-    indices, scale = torch.zeros(3, 1, 128, dtype=torch.int32), torch.ones(1)
-    buffers = {"out": torch.zeros(3, 64, 512, dtype=torch.bfloat16),
-               "max_logits": torch.zeros(3, 64), "lse": torch.zeros(3, 64)}
+    sparse, ws = _sparse_eager_on_cpu(recording_driver, monkeypatch)
+    q, kv, indices, scale, buffers = _sparse_cpu_inputs()
     passed = {name: buffers[name] if name in given.split(",") else None for name in buffers}
     for _ in range(2):  # the first launch of its key through JITFunction.run, then cached
         outputs = sparse._eager(q, kv, indices, 0.04, scale, scale, 512, None, None,
@@ -529,29 +548,16 @@ def _triton_params(call, signature):
 @pytest.mark.parametrize("given", ["", "out", "out,max_logits,lse", "errors"])
 def test_sparse_mla_plan_launches_what_the_python_path_launches(
         recording_driver, host_recorder, monkeypatch, given):
-    from strictops.ops import sparse_mla_prefill as sparse
     from strictops.ops._host_path import HostPath
-    ws = sparse._sparse_mla_sm90
-    if ws is None:
-        pytest.skip("this Triton has no Gluon")
+    real = _sparse_mla_module()._VALIDATION
+    sparse, ws = _sparse_eager_on_cpu(recording_driver, monkeypatch)
     # CPU tensors: the contract (its own tests cover it) passes every call, with the per-call
     # rows of its signature, which the plan runs from their pairs.
-    real = sparse._VALIDATION
     validation = SimpleNamespace(names=real.names, rows_for=real._rows_of)
-    monkeypatch.setattr(sparse, "_VALIDATION", lambda *args: None)
     host = HostPath(validation, writes=(*sparse.contract.BUFFERS, "topk_length_errors"))
     monkeypatch.setattr(sparse, "_HOST", host)
     monkeypatch.setattr(sparse, "_HOST_CALL", host.call)
-    monkeypatch.setattr(sparse, "_is_sm90", lambda index: True)
-    monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
-                                           for name, launcher in ws._LAUNCHERS.items()})
-    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)  # a CPU "device"
-    monkeypatch.setattr(ws.KERNELS["block_pair"], "sm_count", lambda device: 132)
-    q = torch.zeros(3, 64, 576, dtype=torch.float8_e4m3fn)
-    kv = torch.zeros(300, 1, 576, dtype=torch.float8_e4m3fn)
-    indices, scale = torch.zeros(3, 1, 128, dtype=torch.int32), torch.ones(1)
-    buffers = {"out": torch.zeros(3, 64, 512, dtype=torch.bfloat16),
-               "max_logits": torch.zeros(3, 64), "lse": torch.zeros(3, 64)}
+    q, kv, indices, scale, buffers = _sparse_cpu_inputs()
     kw = {name: buffers[name] for name in buffers if name in given.split(",")}
     if given == "errors":
         kw["topk_length_errors"] = torch.zeros(1, dtype=torch.int32)
