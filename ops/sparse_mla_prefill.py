@@ -227,20 +227,33 @@ def _launch(kernel, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk
     )
 
 
-def _allocate(q, d_v, out, max_logits, lse):
-    """The three output buffers, allocating those not given; also the list of new ones."""
+def _allocate(q, d_v, out, max_logits, lse, allocations=None, fresh=None):
+    """The three output buffers, allocating those not given (see :func:`_allocated`, which
+    records each allocation in ``allocations`` and the new tensors in ``fresh``); also the list
+    of new ones."""
     s_q, h_q = q.shape[0], q.shape[1]
-    fresh = []
+    allocations = [] if allocations is None else allocations
+    fresh = [] if fresh is None else fresh
     if out is None:
-        out = torch.empty((s_q, h_q, d_v), dtype=torch.bfloat16, device=q.device)
-        fresh.append(out)
+        out = _allocated(allocations, fresh, (s_q, h_q, d_v), torch.bfloat16, q)
     if max_logits is None:
-        max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
-        fresh.append(max_logits)
+        max_logits = _allocated(allocations, fresh, (s_q, h_q), torch.float32, q)
     if lse is None:
-        lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
-        fresh.append(lse)
+        lse = _allocated(allocations, fresh, (s_q, h_q), torch.float32, q)
     return out, max_logits, lse, fresh
+
+
+def _allocated(allocations, fresh, sizes, dtype, q, split=False):
+    """``torch.empty(sizes, dtype)`` on ``q``'s device (``split``: its views along dim 0),
+    recorded in ``allocations`` (as ``(sizes, dtype, split)``) and ``fresh``."""
+    t = torch.empty(sizes, dtype=dtype, device=q.device)
+    allocations.append((sizes, dtype, split))
+    if not split:
+        fresh.append(t)
+        return t
+    parts = t.unbind(0)
+    fresh.extend(parts)
+    return parts
 
 
 def warp_specialized(q: torch.Tensor, real: bool = False) -> bool:
@@ -300,13 +313,7 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
     allocations, fresh = [], []
     if max_logits is None and lse is None:
         max_logits, lse = _allocated(allocations, fresh, (2, s_q, h_q), torch.float32, q, True)
-    else:
-        if max_logits is None:
-            max_logits = _allocated(allocations, fresh, (s_q, h_q), torch.float32, q)
-        if lse is None:
-            lse = _allocated(allocations, fresh, (s_q, h_q), torch.float32, q)
-    if out is None:
-        out = _allocated(allocations, fresh, (s_q, h_q, d_v), torch.bfloat16, q)
+    out, max_logits, lse, _ = _allocate(q, d_v, out, max_logits, lse, allocations, fresh)
     grid, runtime = _runtime_arguments(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink,
                                        topk_length, out, max_logits, lse, topk_length_errors)
     flags = (topk_length is not None, attn_sink is not None, topk_length_errors is not None)
@@ -328,19 +335,6 @@ _HOST_CALL = _HOST.call
 _SETTINGS = ((globals(), "KERNEL"), (globals(), "TUNING"))
 if _sparse_mla_sm90 is not None:
     _SETTINGS += ((vars(_sparse_mla_sm90), "KERNEL"),)
-
-
-def _allocated(allocations, fresh, sizes, dtype, q, split=False):
-    """``torch.empty(sizes, dtype)`` on ``q``'s device (``split``: its views along dim 0),
-    recorded in ``allocations`` and ``fresh``."""
-    t = torch.empty(sizes, dtype=dtype, device=q.device)
-    allocations.append((sizes, dtype, split))
-    if not split:
-        fresh.append(t)
-        return t
-    parts = t.unbind(0)
-    fresh.extend(parts)
-    return parts
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
