@@ -59,11 +59,11 @@ def request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens):
 
 
 @triton.jit
-def _writers(r0, rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache_size,
-             spec_size, draft_tokens, dst_idx_stride, step_idx_stride, src_idx_stride,
-             HAS_SRC_INDICES: tl.constexpr, SCAN: tl.constexpr, TILE: tl.constexpr):
-    """``[SCAN]`` int32: 1 where request ``rows[k]`` writes (valid, and no later valid request
-    names its slot), plus the requests' slots, source rows and steps (int64)."""
+def _requests(rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache_size, spec_size,
+              draft_tokens, dst_idx_stride, step_idx_stride, src_idx_stride,
+              HAS_SRC_INDICES: tl.constexpr):
+    """Requests ``rows`` (int64; those past ``n_requests`` read nothing): whether each is valid,
+    and its slot, source row and step (int64)."""
     in_range = rows < n_requests
     step = tl.load(step_idx_ptr + rows * step_idx_stride, mask=in_range, other=-1).to(tl.int64)
     slot = tl.load(dst_idx_ptr + rows * dst_idx_stride, mask=in_range, other=-1).to(tl.int64)
@@ -72,6 +72,18 @@ def _writers(r0, rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache
     else:
         row = rows
     valid = in_range & request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens)
+    return valid, slot, row, step
+
+
+@triton.jit
+def _writers(r0, rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache_size,
+             spec_size, draft_tokens, dst_idx_stride, step_idx_stride, src_idx_stride,
+             HAS_SRC_INDICES: tl.constexpr, SCAN: tl.constexpr, TILE: tl.constexpr):
+    """``[SCAN]`` int32: 1 where request ``rows[k]`` writes (valid, and no later valid request
+    names its slot), plus the requests' slots, source rows and steps (int64)."""
+    valid, slot, row, step = _requests(rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests,
+                                       cache_size, spec_size, draft_tokens, dst_idx_stride,
+                                       step_idx_stride, src_idx_stride, HAS_SRC_INDICES)
     key = tl.where(valid, slot, -1)  # -1: no write (never equal to a later key)
     # The block against itself from registers, then the later requests TILE at a time.
     key_j = tl.where(valid, slot, -2)
@@ -80,15 +92,9 @@ def _writers(r0, rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache
     if tl.max(valid.to(tl.int32), axis=0) > 0:  # no valid request here: nothing to compare
         for j0 in range(r0 + SCAN, n_requests, TILE):
             cols = j0 + tl.arange(0, TILE).to(tl.int64)
-            in_j = cols < n_requests
-            s_j = tl.load(step_idx_ptr + cols * step_idx_stride, mask=in_j, other=-1).to(tl.int64)
-            d_j = tl.load(dst_idx_ptr + cols * dst_idx_stride, mask=in_j, other=-1).to(tl.int64)
-            if HAS_SRC_INDICES:
-                r_j = tl.load(src_idx_ptr + cols * src_idx_stride, mask=in_j,
-                              other=-1).to(tl.int64)
-            else:
-                r_j = cols
-            v_j = in_j & request_is_valid(d_j, r_j, s_j, cache_size, spec_size, draft_tokens)
+            v_j, d_j, _, _ = _requests(cols, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests,
+                                       cache_size, spec_size, draft_tokens, dst_idx_stride,
+                                       step_idx_stride, src_idx_stride, HAS_SRC_INDICES)
             key_j = tl.where(v_j, d_j, -2)
             same = (key[:, None] == key_j[None, :]) & (cols[None, :] > rows[:, None])
             later = later | tl.max(same.to(tl.int32), axis=1)
