@@ -285,14 +285,20 @@ class Contract:
         return c.error, _lazy_message(c, args)()
 
 
+# What plain eager mode must not have: a dispatch mode, a torch-function mode, a functorch
+# transform (each call returns a false value when absent). The C++ eager path calls the same.
+EAGER_GATE = (torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack,
+              torch._C._are_functorch_transforms_active)
+_DISPATCH_MODES, _FUNCTION_MODES, _FUNCTORCH = EAGER_GATE
+
+
 def plain_eager_mode() -> bool:
     """Whether Python runs in plain eager mode: not while ``torch.compile``/``torch.export``
     trace, under no dispatch or function mode (such as ``FakeTensorMode``), with no functorch
-    transform active. The one test of it, for the contract and the ops' eager paths."""
-    return not (torch.compiler.is_compiling()
-                or torch._C._len_torch_dispatch_stack()
-                or torch._C._len_torch_function_stack()
-                or torch._C._are_functorch_transforms_active())
+    transform active (:data:`EAGER_GATE`). The one test of it, for the contract and the ops'
+    eager paths."""
+    return not (torch.compiler.is_compiling() or _DISPATCH_MODES() or _FUNCTION_MODES()
+                or _FUNCTORCH())
 
 
 def values_readable(values: Iterable[Any]) -> bool:

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import torch
 from triton import knobs
 
-from strictops.meta._contract import CachedValidation
+from strictops.meta._contract import EAGER_GATE, CachedValidation
 
 try:
     from . import _host_plans
@@ -77,8 +77,7 @@ def configure(recorder=None, get_device=None, get_stream=None) -> None:
     empty = _host_plans.EMPTY
     _host_plans.configure(
         tensor_type=torch.Tensor,
-        gate=(torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack,
-              torch._C._are_functorch_transforms_active),
+        gate=EAGER_GATE,
         get_device=get_device or getattr(torch._C, "_cuda_getDevice", _no_cuda_device),
         get_stream=get_stream or getattr(torch._C, "_cuda_getCurrentRawStream", None)
         or _no_cuda_device,
