@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 import struct
-from typing import Any, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import torch
 from triton import knobs
@@ -52,7 +52,7 @@ try:
 except ImportError:  # built without the extension
     _host_plans = None
 
-__all__ = ["HostPath", "MISS", "available"]
+__all__ = ["HostPath", "MISS", "Slice", "available"]
 
 MISS = _host_plans.MISS if _host_plans is not None else object()
 
@@ -121,23 +121,39 @@ def _packed(kind: str, value: Any) -> bytes | None:
         return None
 
 
+class Slice(NamedTuple):
+    """A result item of a plan: ``argument[start:start + length]`` (dim 0), each a name of
+    :attr:`HostPath.names`, ``start`` and ``length`` per-call integers."""
+
+    argument: str
+    start: str
+    length: str
+
+
 class HostPath:
     """The C++ eager path of one op whose positional arguments are named ``names`` (the order
-    the public function passes them to :attr:`call`); ``writes``: the names of the arguments
-    the op writes (their version counters are bumped, as the dispatcher does)."""
+    the public function passes them to :attr:`call`; by default the validation's), then
+    ``per_call``: integers that are not part of the key (a lease's offsets, an address), which
+    kernel parameters and result slices may take per call. ``writes``: the names of the
+    arguments the op writes (their version counters are bumped, as the dispatcher does)."""
 
-    def __init__(self, validation: CachedValidation, writes: Sequence[str] = ()) -> None:
+    def __init__(self, validation: CachedValidation, writes: Sequence[str] = (),
+                 names: Sequence[str] | None = None, per_call: Sequence[str] = ()) -> None:
         self.validation = validation
-        self.names = validation.names
+        keyed = tuple(validation.names if names is None else names)
+        self.names = keyed + tuple(per_call)
+        self.keyed = len(keyed)
         self.writes = tuple(self.names.index(n) for n in writes)
-        self.cache = _host_plans.PlanCache() if _host_plans is not None else None
+        self.cache = (_host_plans.PlanCache(keyed=len(keyed) if per_call else -1)
+                      if _host_plans is not None else None)
         # ``call(*args)``: the plan's result, or MISS.
         self.call = self.cache if self.cache is not None else _always_miss
 
     def register(self, args: tuple, launcher, grid: Sequence[int], kernel_args: Sequence[Any],
                  options: tuple, device: int, allocations: Sequence[tuple] = (),
                  fresh: Sequence[torch.Tensor] = (), result: Any = None,
-                 settings: Sequence[tuple] = ()) -> None:
+                 settings: Sequence[tuple] = (), named: Mapping[int, str] = {},
+                 validated: tuple | None = None) -> None:
         """After the Python path served ``args`` (the op's arguments, as :attr:`call` takes
         them): make the plan of their signature, unless it has an entry already.
 
@@ -148,7 +164,11 @@ class HostPath:
         (flattened). ``result``: what the op returned: None, a tensor, or a tuple of tensors
         (each an argument or a fresh tensor) and Nones. ``settings``: ``(namespace, name)`` of each
         module setting the Python path read to choose its launch (a kernel choice, a tuning
-        dict): the plan serves calls only while each equals its value now.
+        dict): the plan serves calls only while each equals its value now. ``named``: kernel
+        parameters given by name, by index in ``kernel_args``: a tensor argument's address
+        (for a :class:`~strictops.ops._launcher.Pointer` standing for it) or a per-call
+        integer. ``validated``: the arguments as the validation takes them, where they differ
+        from ``args``.
 
         Every non-tensor kernel argument must be a function of the signature (sizes, strides,
         dtypes, scalar arguments), never of a tensor's address or values; the signature gets
@@ -158,18 +178,18 @@ class HostPath:
         cache = self.cache
         if cache is None or cache.known(*args) is not False:
             return
-        rows = self.validation.rows_for(args)
+        rows = self.validation.rows_for(args if validated is None else validated)
         if rows is None:
             return  # not a passed signature (cannot happen after a served call; no entry)
         spec = self._spec(args, rows, launcher, grid, kernel_args, options, device,
-                          allocations, fresh, result)
+                          allocations, fresh, result, named)
         if spec is not None and settings:
             spec = (*spec[:7], (*spec[7], *((namespace, (name,), _copy(namespace[name]), True)
                                             for namespace, name in settings)))
         cache.add(args, spec)
 
     def _spec(self, args, rows, launcher, grid, kernel_args, options, device, allocations,
-              fresh, result):
+              fresh, result, named):
         if any(not c.disjoint for c in rows):
             return None
         # A tensor passed as several arguments is named by the first (the key holds which
@@ -184,22 +204,37 @@ class HostPath:
         pairs = [r for c in rows for x, y in c.disjoint
                  if args[index[x]] is not None and args[index[y]] is not None
                  for r in (index[x], index[y])]
+        by_name = {i: self.names.index(name) for i, name in named.items()}
+        if any(i < self.keyed and kernel_args[k].data_ptr() != args[i].data_ptr()
+               for k, i in by_name.items()):
+            return None  # a pointer given for a tensor argument that is not its address
         prepared = launcher.prepared_for(kernel_args, options, device)
-        launch = None if prepared is None else _launch(prepared, grid, kernel_args, refs)
+        launch = None if prepared is None else _launch(
+            prepared, grid, kernel_args, refs, by_name, self.keyed, launcher.fn.params)
         if launch is None:
             return None
         if result is None:
             kind, returned = 0, ()
-        elif isinstance(result, torch.Tensor):
+        elif isinstance(result, (torch.Tensor, Slice)):
             kind, returned = 1, (result,)
         else:
             kind, returned = 2, tuple(result)
-        result_refs = tuple(_NONE_REF if t is None else refs.get(id(t)) for t in returned)
+        result_refs = tuple(self._result_item(t, refs) for t in returned)
         if None in result_refs:
             return None
         bump = tuple(i for i in self.writes if args[i] is not None)
         return (device, tuple(pairs), tuple(allocations), launch, bump, kind, result_refs,
                 _launch_guards(launcher.fn, prepared))
+
+
+    def _result_item(self, item, refs):
+        """A result item as a plan names it (see ``as_result`` in ``_host_plans.cpp``), or
+        None where it cannot."""
+        if item is None:
+            return _NONE_REF
+        if isinstance(item, Slice):
+            return tuple(self.names.index(n) for n in item)
+        return refs.get(id(item))
 
 
 def _copy(value):
@@ -208,19 +243,40 @@ def _copy(value):
     return copy.deepcopy(value)
 
 
-def _launch(prepared, grid, kernel_args, refs):
+# How a per-call integer is passed, by the parameter's signature type (see ``Scalar`` in
+# ``_host_plans.cpp``); pointers: by whether the address is a multiple of 16.
+_PER_CALL_KINDS = {"i32": "i", "i64": "q"}
+
+
+def _launch(prepared, grid, kernel_args, refs, named, keyed, params_of):
     """A plan's launch: the compiled kernel of ``prepared`` on ``grid``, each pointer
-    parameter a reference of ``refs`` (by the tensor's identity), each scalar packed; None
-    where a parameter is neither."""
+    parameter a reference of ``refs`` (by the tensor's identity), each scalar packed; the
+    parameters ``named`` (index -> argument index) are the argument's address where it is
+    below ``keyed``, else the per-call integer (``params_of``: the JIT function's parameters).
+    None where a parameter is none of these."""
     kernel = prepared.kernel
     num_warps, num_ctas, shared = kernel.packed_metadata
     if num_ctas != 1:
         return None
     params = []
-    for value, kind in zip(kernel_args, kernel.src.signature.values()):
+    for i, (value, kind) in enumerate(zip(kernel_args, kernel.src.signature.values())):
         if kind == "constexpr":
             continue
-        if kind.startswith("*"):
+        if i in named:
+            index = named[i]
+            if index < keyed:
+                if not kind.startswith("*"):
+                    return None
+                params.append(index)
+                continue
+            # An integer Triton specialises by value (1, multiples of 16) cannot change per
+            # call; a pointer's alignment is checked per call.
+            code = ("a" if value.data_ptr() & 15 else "A") if kind.startswith("*") else (
+                _PER_CALL_KINDS.get(kind) if params_of[i].do_not_specialize else None)
+            if code is None:
+                return None
+            params.append((index, code))
+        elif kind.startswith("*"):
             ref = refs.get(id(value)) if isinstance(value, torch.Tensor) else None
             if ref is None:
                 return None

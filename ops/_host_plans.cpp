@@ -1,11 +1,15 @@
 // Eager calls of strictops ops, prepared once per call signature and replayed in C++.
 //
 // A PlanCache belongs to one op. ``cache(*args)`` (the op's positional arguments) computes the
-// call's key: per argument, None; a plain torch.Tensor's dtype, device, layout, sizes, strides,
-// storage offset, whether its address is a multiple of 16 and which earlier argument, if any,
-// is the same object; a bool's, int's or float's type and value. Anything else, a tensor subclass, a tensor that requires grad while grad mode is
-// on, a call while a dispatch or torch-function mode or a functorch transform is active, or
-// one of the configured guards not holding: ``MISS``. A key with a plan runs it:
+// call's key from its first ``keyed`` arguments (all of them by default): per argument, None; a
+// plain torch.Tensor's dtype, device, layout, sizes, strides, storage offset, whether its
+// address is a multiple of 16 and which earlier argument, if any, is the same object; a bool's,
+// int's or float's type and value. Anything else, a tensor subclass, a tensor that requires
+// grad while grad mode is on, a call while a dispatch or torch-function mode or a functorch
+// transform is active, or one of the configured guards not holding: ``MISS``. The arguments
+// after the keyed ones are per-call integers (a lease's offsets, an address) that parameters
+// or a result slice may take; each must be an ``int`` in the range its use declares, else
+// ``MISS``. A key with a plan runs it:
 //
 //   1. per-call disjointness checks (pairs of arguments that must not share a byte, as the
 //      contract's ``disjoint`` rows define it); a failing one is a MISS, so the Python path
@@ -16,7 +20,8 @@
 //      stream of the plan's device, the parameters packed once with the arguments' addresses
 //      filled in per call, exactly as Triton's own launcher packs them;
 //   4. the version-counter bump of the arguments the op writes;
-//   5. the result: None, one tensor, or a tuple of tensors (arguments or new outputs).
+//   5. the result: None, one tensor, or a tuple of tensors (arguments or new outputs, or a
+//      1-D slice of one whose start and length are per-call integers).
 //
 // Plans are made by the Python side after the same call succeeded through the op's full
 // Python path (strictops.ops._host_path); this file holds no rule of any contract.
@@ -204,6 +209,7 @@ bool append_key(PyObject* o, bool grad, std::vector<int64_t>& key) {
   return false;
 }
 
+// The key of the first ``n`` arguments.
 bool make_key(PyObject* const* args, Py_ssize_t n, std::vector<int64_t>& key) {
   key.clear();
   key.push_back(n);
@@ -237,6 +243,40 @@ struct KeyHash {
 using Ref = int;
 constexpr Ref kNoneRef = -(1 << 30);
 
+// A parameter or a slice bound taken per call from integer argument ``index``, as ``kind``:
+// 'i' an int32, 'q' an int64, 'A' an address that is a multiple of 16, 'a' one that is not (the
+// alignment Triton specialised the plan's kernel for), 'n' a size (in [0, 2**63)).
+struct Scalar {
+  int index;
+  char kind;
+};
+
+// Argument ``o`` as ``kind`` (see Scalar) in ``value``; false where it is not an ``int`` in
+// the kind's range.
+bool scalar_value(PyObject* o, char kind, int64_t& value) {
+  if (Py_TYPE(o) != &PyLong_Type) return false;
+  if (kind == 'A' || kind == 'a') {
+    unsigned long long address = PyLong_AsUnsignedLongLong(o);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    if (((address & 15) == 0) != (kind == 'A')) return false;
+    std::memcpy(&value, &address, sizeof value);
+    return true;
+  }
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  if (kind == 'i' && (v < INT32_MIN || v > INT32_MAX)) return false;
+  if (kind == 'n' && v < 0) return false;
+  value = v;
+  return true;
+}
+
 struct Allocation {
   std::vector<int64_t> sizes;
   c10::ScalarType dtype;
@@ -244,6 +284,7 @@ struct Allocation {
 };
 
 struct Plan {
+  Py_ssize_t arguments = 0;  // positional arguments of its calls
   int device = -1;  // CUDA device index; -1: no device (record mode only)
   std::vector<std::pair<Ref, Ref>> disjoint;
   std::vector<Allocation> allocations;
@@ -258,9 +299,13 @@ struct Plan {
   std::vector<uint8_t> params;                   // packed, every parameter at a multiple of 8
   std::vector<size_t> offsets;                   // where each parameter starts in ``params``
   std::vector<std::pair<size_t, Ref>> pointers;  // (offset, tensor) filled per call
+  std::vector<std::pair<size_t, Scalar>> scalars;  // (offset, argument) filled per call
   std::vector<int> bump;                         // arguments whose version counter is bumped
   int result_kind = 0;                           // 0: None, 1: one tensor, 2: a tuple
   std::vector<Ref> result;
+  // Per result item, -1, or the arguments holding the start and length of the item's slice
+  // along dim 0 (the item is then an argument, sliced).
+  std::vector<std::pair<int, int>> slices;
   PyObject* guards = nullptr;                    // per-plan guards (owned)
 
   ~Plan() { Py_XDECREF(guards); }
@@ -294,7 +339,14 @@ struct PlanCacheObject {
   vectorcallfunc call;
   PlanMap* plans;
   Py_ssize_t max_entries;
+  Py_ssize_t keyed;  // arguments in the key; -1: all
 };
+
+// How many of ``n`` arguments the key of ``cache`` takes; -1 where there are too few.
+Py_ssize_t keyed_count(const PlanCacheObject* cache, Py_ssize_t n) {
+  if (cache->keyed < 0) return n;
+  return n < cache->keyed ? -1 : cache->keyed;
+}
 
 thread_local std::vector<int64_t> t_key;
 
@@ -311,6 +363,25 @@ PyObject* run_plan(const Plan& plan, PyObject* const* args) {
   Call call{args, {}};
   for (const auto& [a, b] : plan.disjoint) {
     if (!disjoint(tensor_of(call, a), tensor_of(call, b))) return Py_NewRef(g_miss);
+  }
+  std::vector<uint8_t> params(plan.params);
+  for (const auto& [offset, scalar] : plan.scalars) {
+    int64_t value;
+    if (!scalar_value(args[scalar.index], scalar.kind, value)) return Py_NewRef(g_miss);
+    std::memcpy(params.data() + offset, &value, scalar.kind == 'i' ? 4 : 8);
+  }
+  // Each result slice, [start, start + length) of its argument's dim 0, lies inside it.
+  std::vector<std::pair<int64_t, int64_t>> bounds(plan.slices.size(), {-1, -1});
+  for (size_t i = 0; i < plan.slices.size(); ++i) {
+    const auto [start_index, length_index] = plan.slices[i];
+    if (start_index < 0) continue;
+    int64_t start, length;
+    if (!scalar_value(args[start_index], 'n', start) ||
+        !scalar_value(args[length_index], 'n', length) ||
+        length > THPVariable_Unpack(args[plan.result[i]]).size(0) - start) {
+      return Py_NewRef(g_miss);
+    }
+    bounds[i] = {start, length};
   }
   if (!guards_hold(plan.guards)) return Py_NewRef(g_miss);
 
@@ -357,7 +428,6 @@ PyObject* run_plan(const Plan& plan, PyObject* const* args) {
     return Py_NewRef(g_miss);  // the Python path allocates again and raises torch's error
   }
 
-  std::vector<uint8_t> params(plan.params);
   for (const auto& [offset, ref] : plan.pointers) {
     uint64_t address = reinterpret_cast<uint64_t>(tensor_of(call, ref).data_ptr());
     std::memcpy(params.data() + offset, &address, sizeof address);
@@ -415,15 +485,20 @@ PyObject* run_plan(const Plan& plan, PyObject* const* args) {
     if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
   }
   if (plan.result_kind == 0) Py_RETURN_NONE;
-  auto result_item = [&](Ref ref) -> PyObject* {
+  auto result_item = [&](size_t i) -> PyObject* {
+    const Ref ref = plan.result[i];
     if (ref == kNoneRef) return Py_NewRef(Py_None);
+    if (bounds[i].first >= 0) {
+      const auto [start, length] = bounds[i];
+      return THPVariable_Wrap(THPVariable_Unpack(args[ref]).slice(0, start, start + length));
+    }
     return ref >= 0 ? Py_NewRef(args[ref]) : THPVariable_Wrap(call.fresh[-ref - 1]);
   };
-  if (plan.result_kind == 1) return result_item(plan.result[0]);
+  if (plan.result_kind == 1) return result_item(0);
   PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(plan.result.size()));
   if (result == nullptr) return nullptr;
   for (size_t i = 0; i < plan.result.size(); ++i) {
-    PyObject* item = result_item(plan.result[i]);
+    PyObject* item = result_item(i);
     if (item == nullptr) {
       Py_DECREF(result);
       return nullptr;
@@ -438,8 +513,11 @@ PyObject* cache_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObj
   Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) return Py_NewRef(g_miss);
   std::shared_ptr<const Plan> plan;
+  const Py_ssize_t keyed = keyed_count(cache, n);
   try {
-    if (cache->plans->empty() || !make_key(args, n, t_key)) return Py_NewRef(g_miss);
+    if (keyed < 0 || cache->plans->empty() || !make_key(args, keyed, t_key)) {
+      return Py_NewRef(g_miss);
+    }
     auto found = cache->plans->find(t_key);
     if (found == cache->plans->end() || !found->second) return Py_NewRef(g_miss);
     plan = found->second;  // kept alive through the launch, which releases the GIL
@@ -447,6 +525,7 @@ PyObject* cache_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObj
     return Py_NewRef(g_miss);  // e.g. a tensor without sizes or storage
   }
   if (!gate_open() || !guards_hold(g_guards)) return Py_NewRef(g_miss);
+  if (plan->arguments != n) return Py_NewRef(g_miss);
   try {
     return run_plan(*plan, args);
   } catch (const std::exception& e) {
@@ -473,11 +552,68 @@ bool as_refs(PyObject* seq, std::vector<Ref>& out) {
   return true;
 }
 
-// spec: (device, disjoint pairs, allocations, launch, bump, result_kind, result refs, guards)
+// A per-call integer: ``(index, kind)`` (see Scalar).
+bool as_scalar(PyObject* item, Scalar& scalar) {
+  const char* kind;
+  if (!PyArg_ParseTuple(item, "is", &scalar.index, &kind)) return false;
+  if (std::strlen(kind) != 1 || std::strchr("iqAa", kind[0]) == nullptr) {
+    PyErr_SetString(PyExc_ValueError, "a per-call parameter's kind is one of i, q, A, a");
+    return false;
+  }
+  scalar.kind = kind[0];
+  return true;
+}
+
+// Result items: a reference, or ``(argument, start argument, length argument)``: a slice.
+bool as_result(PyObject* seq, Plan& plan) {
+  PyObject* fast = PySequence_Fast(seq, "expected a sequence of result items");
+  if (fast == nullptr) return false;
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(fast); ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
+    int ref, start = -1, length = -1;
+    ok = PyTuple_Check(item) ? PyArg_ParseTuple(item, "iii", &ref, &start, &length) != 0
+                             : (ref = static_cast<int>(PyLong_AsLong(item)), !PyErr_Occurred());
+    if (ok && PyTuple_Check(item) && ref < 0) {
+      PyErr_SetString(PyExc_ValueError, "a result slice is of an argument");
+      ok = false;
+    }
+    plan.result.push_back(ref);
+    plan.slices.emplace_back(start, length);
+  }
+  Py_DECREF(fast);
+  return ok;
+}
+
+// Whether every argument index of ``plan`` names one of the call's ``arguments`` (those
+// below ``keyed`` for tensors, the others for per-call integers).
+bool indices_in_range(const Plan& plan, Py_ssize_t keyed) {
+  int64_t fresh = 0;
+  for (const Allocation& a : plan.allocations) fresh += a.split ? a.sizes.at(0) : 1;
+  auto ref_ok = [&](Ref r) {
+    return r == kNoneRef || (r >= 0 ? r < keyed : -static_cast<int64_t>(r) - 1 < fresh);
+  };
+  auto scalar_ok = [&](int i) { return i >= keyed && i < plan.arguments; };
+  for (const auto& [a, b] : plan.disjoint) {
+    if (!ref_ok(a) || !ref_ok(b) || a < 0 || b < 0) return false;
+  }
+  for (const auto& [offset, ref] : plan.pointers) if (!ref_ok(ref)) return false;
+  for (const auto& [offset, scalar] : plan.scalars) if (!scalar_ok(scalar.index)) return false;
+  for (int b : plan.bump) if (b < 0 || b >= keyed) return false;
+  for (size_t i = 0; i < plan.result.size(); ++i) {
+    if (!ref_ok(plan.result[i])) return false;
+    const auto [start, length] = plan.slices[i];
+    if (start >= 0 && (!scalar_ok(start) || !scalar_ok(length))) return false;
+  }
+  return true;
+}
+
+// spec: (device, disjoint pairs, allocations, launch, bump, result_kind, result items, guards)
 //   allocations: ((sizes, dtype, split), ...)
 //   launch: (function, (gx, gy, gz), threads, shared, num_ctas, pdl, cooperative, params)
-//   params: per parameter, bytes (a constant, packed) or an int (a tensor reference whose
-//   address the 8-byte parameter holds)
+//   params: per parameter, bytes (a constant, packed), an int (a tensor reference whose
+//   address the 8-byte parameter holds) or ``(index, kind)`` (a per-call integer argument)
+//   result items: see as_result
 std::unique_ptr<Plan> parse_plan(PyObject* spec) {
   auto plan = std::make_unique<Plan>();
   PyObject *disjoint, *allocations, *launch, *bump, *result, *guards;
@@ -496,7 +632,7 @@ std::unique_ptr<Plan> parse_plan(PyObject* spec) {
   for (size_t i = 0; i < pair_refs.size(); i += 2) {
     plan->disjoint.emplace_back(pair_refs[i], pair_refs[i + 1]);
   }
-  if (!as_refs(bump, plan->bump) || !as_refs(result, plan->result)) return nullptr;
+  if (!as_refs(bump, plan->bump) || !as_result(result, *plan)) return nullptr;
   PyObject* allocs = PySequence_Fast(allocations, "allocations");
   if (allocs == nullptr) return nullptr;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(allocs); ++i) {
@@ -548,7 +684,15 @@ std::unique_ptr<Plan> parse_plan(PyObject* spec) {
     PyObject* p = PySequence_Fast_GET_ITEM(items, i);
     size_t offset = plan->params.size();
     plan->offsets.push_back(offset);
-    if (PyBytes_Check(p)) {
+    if (PyTuple_Check(p)) {
+      Scalar scalar;
+      if (!as_scalar(p, scalar)) {
+        Py_DECREF(items);
+        return nullptr;
+      }
+      plan->params.resize(offset + 8, 0);
+      plan->scalars.emplace_back(offset, scalar);
+    } else if (PyBytes_Check(p)) {
       Py_ssize_t size = PyBytes_GET_SIZE(p);
       if (size < 1 || size > 8) {
         Py_DECREF(items);
@@ -586,18 +730,24 @@ PyObject* cache_add(PyObject* self, PyObject* const* args, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "add(args: tuple, spec)");
     return nullptr;
   }
+  const Py_ssize_t n_args = PyTuple_GET_SIZE(args[0]);
+  const Py_ssize_t keyed = keyed_count(cache, n_args);
   std::vector<int64_t> key;
   try {
-    if (!make_key(&PyTuple_GET_ITEM(args[0], 0), PyTuple_GET_SIZE(args[0]), key)) {
-      Py_RETURN_FALSE;
-    }
+    if (keyed < 0 || !make_key(&PyTuple_GET_ITEM(args[0], 0), keyed, key)) Py_RETURN_FALSE;
   } catch (const std::exception&) {
     Py_RETURN_FALSE;
   }
   std::shared_ptr<const Plan> plan;
   if (args[1] != Py_None) {
-    plan = parse_plan(args[1]);
-    if (!plan) return nullptr;
+    std::unique_ptr<Plan> parsed = parse_plan(args[1]);
+    if (!parsed) return nullptr;
+    parsed->arguments = n_args;
+    if (!indices_in_range(*parsed, keyed)) {
+      PyErr_SetString(PyExc_ValueError, "a plan names an argument or output the call lacks");
+      return nullptr;
+    }
+    plan = std::move(parsed);
   }
   if (static_cast<Py_ssize_t>(cache->plans->size()) >= cache->max_entries) cache->plans->clear();
   (*cache->plans)[std::move(key)] = std::move(plan);
@@ -605,12 +755,14 @@ PyObject* cache_add(PyObject* self, PyObject* const* args, Py_ssize_t n) {
 }
 
 // cache.known(*args): whether ``args``'s key has an entry (a plan or None); None where
-// ``args`` has no key (no plan can ever serve it).
+// ``args`` has no key (no plan can ever serve it). The arguments past the keyed ones may be
+// left out.
 PyObject* cache_known(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   auto* cache = reinterpret_cast<PlanCacheObject*>(self);
+  const Py_ssize_t keyed = cache->keyed < 0 ? n : cache->keyed;
   std::vector<int64_t> key;
   try {
-    if (!make_key(args, n, key)) Py_RETURN_NONE;
+    if (n < keyed || !make_key(args, keyed, key)) Py_RETURN_NONE;
   } catch (const std::exception&) {
     Py_RETURN_NONE;
   }
@@ -627,10 +779,10 @@ Py_ssize_t cache_len(PyObject* self) {
 }
 
 PyObject* cache_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  Py_ssize_t max_entries = 1024;
-  static const char* names[] = {"max_entries", nullptr};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|n", const_cast<char**>(names),
-                                   &max_entries)) {
+  Py_ssize_t max_entries = 1024, keyed = -1;
+  static const char* names[] = {"max_entries", "keyed", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|nn", const_cast<char**>(names),
+                                   &max_entries, &keyed)) {
     return nullptr;
   }
   auto* self = reinterpret_cast<PlanCacheObject*>(type->tp_alloc(type, 0));
@@ -638,6 +790,7 @@ PyObject* cache_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->call = cache_call;
   self->plans = new PlanMap();
   self->max_entries = max_entries;
+  self->keyed = keyed;
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -698,7 +851,9 @@ PyMODINIT_FUNC PyInit__host_plans(void) {
   PlanCacheType.tp_dealloc = cache_dealloc;
   PlanCacheType.tp_methods = cache_methods;
   PlanCacheType.tp_as_sequence = &cache_sequence;
-  PlanCacheType.tp_doc = "Plans of one op's eager calls, keyed by call signature.";
+  PlanCacheType.tp_doc =
+      "PlanCache(max_entries=1024, keyed=-1): plans of one op's eager calls, keyed by the call "
+      "signature of the first ``keyed`` arguments (-1: all).";
   if (PyType_Ready(&PlanCacheType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;

@@ -421,18 +421,21 @@ EAGER_TWO_LAUNCHES_ABOVE = 16 << 20
 
 
 def launch_eager(pool, src, state, max_inflight_slices, consumer_count, values,
-                 consumers=contract.PEERS) -> None:
+                 consumers=contract.PEERS) -> list:
     """``_launch(_publish_kernel, pool, src, state, state, ..., values=values, consumers=...)``
     through the cached launcher, on ``pool``'s device, in one launch up to
     ``EAGER_TWO_LAUNCHES_ABOVE`` bytes: the source is passed as a uint8 pointer, not a view.
-    For validated CUDA tensors only."""
+    For validated CUDA tensors only. Returns the launches (``(grid, kernel parameters,
+    options)``)."""
     src_bytes = Pointer(src.data_ptr(), torch.uint8)
     device = pool.get_device()
-    nbytes = src.numel() * src.element_size()
-    for grid, args, options in _launches(_publish_kernel, pool, src_bytes, nbytes, state, state,
-                                         max_inflight_slices, consumer_count, values,
-                                         nbytes > EAGER_TWO_LAUNCHES_ABOVE, consumers):
+    nbytes = src.nbytes
+    launches = _launches(_publish_kernel, pool, src_bytes, nbytes, state, state,
+                         max_inflight_slices, consumer_count, values,
+                         nbytes > EAGER_TWO_LAUNCHES_ABOVE, consumers)
+    for grid, args, options in launches:
         _LAUNCHER(grid, args, options, device)
+    return launches
 
 
 def _pdl_launch(kernel, pool: torch.Tensor, wanted: bool) -> bool:

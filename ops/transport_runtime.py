@@ -39,7 +39,6 @@ from strictops.meta.transport_pool import (
     DATA_ALIGNMENT,
     ERRORS,
     MAX_GENERATION,
-    STATE_WORDS,
     WORD_BYTES,
     Lease,
     align_up,
@@ -47,6 +46,8 @@ from strictops.meta.transport_pool import (
 )
 
 from . import _cuda_stream
+from . import transport_pool as _publish
+from ._host_path import MISS, HostPath, Slice
 from ._launcher import Pointer
 from ._transport_faults import ConsumerRegistry, WaitWatchdog, default_timeout, warm_up
 from ._transport_peers import check_placement, device_index, open_mapped
@@ -56,6 +57,29 @@ from .transport_pool import copy_and_publish, launch_eager
 # checked when it was made; the lease and state are its own).
 _SOURCE_VALIDATION = CachedValidation(contract.SOURCE, ("pool", "src", "max_inflight_slices",
                                                         "consumer_count", "name"))
+# copy_tensor's C++ eager path (strictops.ops._host_path): a plan per signature of the pool
+# and the source (one _SOURCE_VALIDATION passed) and the flag's scope, published in one
+# launch; the lease's fields and its state row's address are per-call integers, and the plan
+# returns the lease's bytes of the pool.
+_PUBLISH_HOST = HostPath(_SOURCE_VALIDATION,
+                         names=("pool", "src", "max_inflight_slices", "consumer_count", "system"),
+                         per_call=("state", *Lease._fields))
+_PUBLISH_CALL = _PUBLISH_HOST.call
+_PUBLISH_KNOWN = _PUBLISH_HOST.cache.known if _PUBLISH_HOST.cache is not None else (
+    lambda *args: False)
+_PUBLISH_VIEW = Slice("pool", "start", "nbytes")
+# The kernel parameters the plan takes by name, by index: the source's address, the state row
+# (also the lease pointer, unread when the lease's fields are given) and the lease's fields.
+_names = _publish._publish_kernel.arg_names
+_PUBLISH_NAMED = {_names.index("src_ptr"): "src", _names.index("lease_ptr"): "state",
+                  _names.index("state_ptr"): "state",
+                  **{_names.index("start_arg") + k: field for k, field in enumerate(Lease._fields)}}
+del _names
+# What the plan's launch depends on besides its key (checked on each of its calls).
+_PUBLISH_SETTINGS = ((vars(_publish), "TUNING"), (vars(_publish), "EAGER_TWO_LAUNCHES_ABOVE"))
+# Int32 words per slot's state row: STATE_WORDS used, padded so every row's address is a
+# multiple of 16 (one specialisation of the kernel for every slot).
+STATE_ROW_WORDS = 4
 
 __all__ = [
     "LeaseAllocator",
@@ -310,6 +334,7 @@ class TransportPool:
         self.max_inflight_slices = max_inflight_slices
         self.consumer_count = consumer_count
         self.consumers = consumers
+        self._system = contract.system_scope(consumers)
         self.wait_timeout = wait_timeout
         self.allocator = LeaseAllocator(memory_size, max_inflight_slices, consumer_count, name)
         if byte_tensor is None:
@@ -321,7 +346,7 @@ class TransportPool:
         self._control = _control_words(self.tensor, max_inflight_slices, consumer_count)
         self._control.zero_()
         # One state row per slot: publishes in flight at once have different slots.
-        self._state = torch.zeros(max_inflight_slices, STATE_WORDS, dtype=torch.int32,
+        self._state = torch.zeros(max_inflight_slices, STATE_ROW_WORDS, dtype=torch.int32,
                                   device=self.device)
         self._state_address = self._state.data_ptr()
         # Zeroed before any other stream, thread or process reads a control word.
@@ -384,24 +409,47 @@ class TransportPool:
         before anything is leased; if the launch fails the lease is released.
         """
         source = tensor.contiguous()
-        _SOURCE_VALIDATION(self.tensor, source, self.max_inflight_slices, self.consumer_count,
-                           self.name)
-        lease = self.lease(source.numel() * source.element_size())
+        key = (self.tensor, source, self.max_inflight_slices, self.consumer_count, self._system)
+        if _PUBLISH_KNOWN(*key) is not True:  # a signature the C++ path has not seen pass
+            _SOURCE_VALIDATION(self.tensor, source, self.max_inflight_slices,
+                               self.consumer_count, self.name)
+        lease = self.lease(source.nbytes)
         if lease is None:
             return None, None
+        state = self._state_address + lease.slot * (STATE_ROW_WORDS * WORD_BYTES)
         try:
-            self._publish_lease(source, lease)
+            view = _PUBLISH_CALL(*key, state, *lease)
+            if view is MISS:
+                self._publish_and_plan(key, source, lease, state)
+                view = self.tensor[lease.start:lease.start + lease.nbytes]
         except BaseException:
             self.release(lease)
             raise
-        return lease, self.tensor[lease.start:lease.start + lease.nbytes]
+        return lease, view
 
-    def _publish_lease(self, source: torch.Tensor, lease: Lease) -> None:
+    def _publish_lease(self, source: torch.Tensor, lease: Lease,
+                       state: Optional[int] = None) -> list:
+        """Publish ``source`` into ``lease`` through the cached launcher; return its launches
+        (``(grid, kernel parameters, options)``). ``state``: the slot's state row's address."""
         # The lease is on the host: its values go to the kernel as arguments (no copy to the
         # device first), with the slot's own state row (its address: no view per call).
-        state = Pointer(self._state_address + lease.slot * STATE_WORDS * WORD_BYTES, torch.int32)
-        launch_eager(self.tensor, source, state, self.max_inflight_slices, self.consumer_count,
-                     lease, self.consumers)
+        if state is None:
+            state = self._state_address + lease.slot * (STATE_ROW_WORDS * WORD_BYTES)
+        return launch_eager(self.tensor, source, Pointer(state, torch.int32),
+                            self.max_inflight_slices, self.consumer_count, lease, self.consumers)
+
+    def _publish_and_plan(self, key: tuple, source: torch.Tensor, lease: Lease,
+                          state: int) -> None:
+        """The Python path of :meth:`copy_tensor`'s publish, then the C++ path's plan of its
+        signature (one launch only)."""
+        launches = self._publish_lease(source, lease, state)
+        if len(launches) == 1:
+            (grid, kernel_args, options), = launches
+            _PUBLISH_HOST.register(
+                (*key, state, *lease), _publish._LAUNCHER, grid, kernel_args, options,
+                self.tensor.get_device(), result=_PUBLISH_VIEW, settings=_PUBLISH_SETTINGS,
+                named=_PUBLISH_NAMED, validated=(self.tensor, source, self.max_inflight_slices,
+                                                 self.consumer_count, self.name))
 
     def cancel_lease(self, lease: Optional[Lease] = None, *,
                      ready_byte_offset: Optional[int] = None,

@@ -63,6 +63,30 @@ def _variants(args):
     yield "fewer arguments", (x, y, None, 3, 0.5)
 
 
+def test_per_call_integers_are_not_keyed_and_are_checked_per_call(host_recorder):
+    """A cache keyed on its first two arguments: the rest are per-call integers a parameter
+    takes (here an int32, an int64 and a 16-byte-aligned address) or a result slice's bounds."""
+    cache = host_plans.PlanCache(keyed=2)
+    x, y = torch.zeros(64, dtype=torch.uint8), torch.zeros(8, dtype=torch.int32)
+    launch = (1234, (1, 1, 1), 128, 0, 1, False, False,
+              (0, (2, "i"), (3, "q"), (4, "A"), bytes(8), bytes(8)))
+    spec = (-1, (), (), launch, (), 1, ((0, 5, 6),), None)
+    assert cache.add((x, y, 1, 2, 16, 8, 4), spec) is True
+    view = cache(x, y, -7, 1 << 40, 4096, 8, 4)
+    assert view.data_ptr() == x.data_ptr() + 8 and view.shape == (4,)
+    params, offsets = host_recorder[-1][8], host_recorder[-1][9]
+    assert int.from_bytes(params[offsets[1]:offsets[1] + 4], "little", signed=True) == -7
+    assert int.from_bytes(params[offsets[2]:offsets[2] + 8], "little") == 1 << 40
+    assert int.from_bytes(params[offsets[3]:offsets[3] + 8], "little") == 4096
+    assert cache.known(x, y) is True and cache.known(x, y, "anything") is True
+    for bad in ((1 << 31, 2, 16, 8, 4), (1, 2.0, 16, 8, 4), (1, 2, 24, 8, 4), (1, 2, -16, 8, 4),
+                (1, 2, 16, 60, 5), (1, 2, 16, -1, 4), (1, 2, 16, 8), (1, 2, 16, 8, 4, 0)):
+        assert cache(x, y, *bad) is MISS, bad
+    assert cache(x.double(), y, 1, 2, 16, 8, 4) is MISS  # the keyed arguments still are
+    with pytest.raises(ValueError, match="names an argument"):  # a per-call index in the key
+        cache.add((x, y, 1, 2, 16, 8, 4), (*spec[:6], ((0, 1, 6),), None))
+
+
 def test_a_call_that_differs_in_one_piece_misses(host_recorder):
     cache = host_plans.PlanCache()
     args = _base()

@@ -478,14 +478,22 @@ def test_gpu_copy_tensor_misaligned_source():
                          consumer_count=1, recycle_interval=None, name="launcher-test")
     try:
         base = torch.randint(0, 256, ((2 << 20) + 7,), dtype=torch.uint8, device="cuda")
+        # Each case three times: the Python path, then the C++ path's plan where it has one
+        # (each slot's state row and lease values per call).
         for offset, nbytes in ((0, 4096), (1, 4096), (3, 1000), (5, 2 << 20)):
             src = base[offset:offset + nbytes]
-            lease, view = pool.copy_tensor(src)
-            torch.cuda.synchronize()
-            assert torch.equal(view, src), (offset, nbytes)
-            ready = pool.tensor[lease.ready_byte_offset:lease.ready_byte_offset + 4]
-            assert int(ready.view(torch.int32)) == lease.generation
-            pool.release(lease)
+            leases = []
+            for _ in range(3):
+                base[offset:offset + nbytes].random_(0, 256)
+                lease, view = pool.copy_tensor(src)
+                torch.cuda.synchronize()
+                assert torch.equal(view, src), (offset, nbytes)
+                assert view.data_ptr() == pool.tensor.data_ptr() + lease.start
+                ready = pool.tensor[lease.ready_byte_offset:lease.ready_byte_offset + 4]
+                assert int(ready.view(torch.int32)) == lease.generation
+                leases.append(lease)
+            for lease in leases:
+                pool.release(lease)
         assert pool.error_count() == 0
     finally:
         pool.shutdown()
@@ -539,7 +547,7 @@ def _params(launch, signature):
 def _triton_params(call, signature):
     """A recorded Triton launch's runtime parameters (its C launcher also takes the
     constexprs), pointers as addresses, floats as fp32."""
-    return [a.data_ptr() if isinstance(a, torch.Tensor) else
+    return [a.data_ptr() if isinstance(a, (torch.Tensor, Pointer)) else
             struct.unpack("<f", struct.pack("<f", a))[0] if isinstance(a, float) else a
             for a, kind in zip(call[13:], signature.values()) if kind != "constexpr"]
 
@@ -674,3 +682,67 @@ def test_mamba_commit_indices_plan_launches_what_the_python_path_launches(
                          for mine, theirs in zip(planned, python) if theirs is not None}
     assert launched == [by_python_address.get(p, p) for p in expected]
     assert host_recorder[0][1] == python_launch[:3]
+
+
+def _cpu_pool(rt, slots, consumers, nbytes):
+    """A TransportPool's producer state over a CPU byte tensor (its constructor needs CUDA):
+    what copy_tensor reads."""
+    import threading
+    from strictops.meta import transport_pool as contract
+    pool = object.__new__(rt.TransportPool)
+    memory_size = contract.data_start(slots, consumers) + nbytes
+    pool.tensor = torch.zeros(memory_size, dtype=torch.uint8)
+    pool.name, pool.max_inflight_slices, pool.consumer_count = "launcher-test", slots, consumers
+    pool.consumers, pool._system = contract.PEERS, True
+    pool._state = torch.zeros(slots, rt.STATE_ROW_WORDS, dtype=torch.int32)
+    pool._state_address = pool._state.data_ptr()
+    pool.allocator = rt.LeaseAllocator(memory_size, slots, consumers, pool.name)
+    pool._lock = threading.Lock()
+    return pool
+
+
+@_needs_host_path
+def test_copy_tensor_plan_launches_what_the_python_path_launches(
+        recording_driver, host_recorder, monkeypatch):
+    from strictops.meta._contract import CachedValidation, Contract
+    from strictops.ops import transport_pool as tp
+    from strictops.ops import transport_runtime as rt
+    from strictops.ops._host_path import MISS, HostPath
+    # CPU tensors: a contract without rules stands in (the op's own tests cover its rules).
+    validation = CachedValidation(Contract(tp.contract.CONTRACT.op, "stand_in", ()),
+                                  rt._SOURCE_VALIDATION.names)
+    real = rt._PUBLISH_HOST
+    host = HostPath(validation, names=real.names[:real.keyed], per_call=real.names[real.keyed:])
+    for name, value in (("_SOURCE_VALIDATION", validation), ("_PUBLISH_HOST", host),
+                        ("_PUBLISH_CALL", host.call), ("_PUBLISH_KNOWN", host.cache.known)):
+        monkeypatch.setattr(rt, name, value)
+    monkeypatch.setattr(tp, "_LAUNCHER", Launcher(tp._publish_kernel))
+    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
+    pool = _cpu_pool(rt, slots=4, consumers=2, nbytes=1 << 16)
+    src = torch.zeros(1000, dtype=torch.float32)  # 4000 bytes: one launch, a partial block
+    first, _ = pool.copy_tensor(src)  # the Python path: it plans the signature
+    assert not host_recorder and len(host.cache) == 1
+    second, view = pool.copy_tensor(src)  # the plan, with the second lease's values
+    assert len(host_recorder) == 1 and second.slot != first.slot
+    assert view.shape == (src.nbytes,) and view.dtype == torch.uint8
+    assert view.data_ptr() == pool.tensor.data_ptr() + second.start
+    # What the Python path launches for the second lease, parameter by parameter.
+    pool._publish_lease(src, second)
+    python_launch = _RecordingLauncher.calls[-1]
+    kernel = next(iter(tp._LAUNCHER.prepared.values())).kernel
+    assert host_recorder[0][1] == python_launch[:3] and host_recorder[0][0] == python_launch[4]
+    assert _params(host_recorder[0], kernel.src.signature) == _triton_params(
+        python_launch, kernel.src.signature)
+    # Per-call values outside what the plan's kernel was specialised for miss it: a state row
+    # not 16-byte aligned, a lease field past int32, a slice past the pool, a non-int.
+    key = (pool.tensor, src, 4, 2, True)
+    state = pool._state_address + second.slot * rt.STATE_ROW_WORDS * 4
+    assert host.call(*key, state, *second) is not MISS
+    for bad in ((state + 8, *second), (state, second.start + (1 << 31), *second[1:]),
+                (state, pool.tensor.numel(), *second[1:]), (state, float(second.start),
+                                                            *second[1:])):
+        assert host.call(*key, *bad) is MISS, bad
+    # Another scope or tuning: the plan no longer serves.
+    assert host.call(pool.tensor, src, 4, 2, False, state, *second) is MISS
+    monkeypatch.setitem(tp.TUNING, "one_launch", {"block_bytes": 2048, "num_warps": 4})
+    assert host.call(*key, state, *second) is MISS
