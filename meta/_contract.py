@@ -169,6 +169,10 @@ class Check:
         (:func:`disjoint`; ``None`` shares nothing). Built by :func:`disjoint_check`, whose
         predicate is made from the pairs, so the rule has one definition; the C++ eager path
         (``strictops.ops._host_path``) runs such a row from its pairs.
+    inside:
+        None, or a function of the arguments' namespace that returns tensors: the row is
+        exactly "each of them lies inside its storage" (:func:`inside_storage`). Built by
+        :func:`inside_check`; the C++ eager path runs such a row on the tensors it names.
     """
 
     rule: str
@@ -179,6 +183,7 @@ class Check:
     reads_memory: bool = False
     only_with: tuple[str, ...] = ()
     disjoint: tuple[tuple[str, str], ...] = ()
+    inside: Callable[[Any], Iterable[Any]] | None = None
 
 
 def disjoint(x: Any, y: Any) -> "bool | torch.SymBool":
@@ -195,6 +200,32 @@ def disjoint(x: Any, y: Any) -> "bool | torch.SymBool":
     x_end, y_end = x_start + x.numel() * x.element_size(), y_start + y.numel() * y.element_size()
     return sym_either(sym_either(x_start == x_end, y_start == y_end),
                       sym_either(x_end <= y_start, y_end <= x_start))
+
+
+def reach(t: Any):
+    """The largest element offset ``t`` reaches in its storage, from its sizes, strides and
+    storage offset (meaningless when ``t`` is empty)."""
+    out = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        out = out + (size - 1) * stride
+    return out
+
+
+def inside_storage(t: Any) -> "bool | torch.SymBool":
+    """Every element of ``t`` lies inside its untyped storage. Symbolic on fake tensors, whose
+    storage size is an expression in the sizes of the tensor the storage was made for."""
+    nbytes = t.untyped_storage().nbytes()
+    return sym_either(t.numel() == 0, (reach(t) + 1) * t.element_size() <= nbytes)
+
+
+def inside_check(rule: str, tensors: Callable[[Any], Iterable[Any]], message: Message,
+                 error: type[Exception] = ValueError) -> Check:
+    """A ``reads_memory`` row that holds when every tensor ``tensors(a)`` gives lies inside
+    its storage (:func:`inside_storage`)."""
+    def ok(a):
+        return sym_all(inside_storage(t) for t in tensors(a))
+
+    return Check(rule, ok, message, error, reads_memory=True, inside=tensors)
 
 
 def disjoint_check(rule: str, pairs: tuple[tuple[str, str], ...], message: Message,

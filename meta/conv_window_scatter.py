@@ -33,7 +33,8 @@ from typing import Callable
 import torch
 
 from . import mamba_state_scatter
-from ._contract import Check, Contract, hint, sym_all, sym_either
+from ._contract import (Check, Contract, hint, inside_check, inside_storage, reach, sym_all,
+                        sym_either)
 from ._specs import TensorSpec, other_device as _other_device, with_changes as _with
 
 OP_NAME = "fused_conv_window_scatter_with_mask"
@@ -47,22 +48,6 @@ def entry_dims_contiguous(dst) -> "bool | torch.SymBool":
     shape, strides = dst.shape, dst.stride()
     return sym_all([sym_either(shape[3] == 1, strides[3] == 1),
                     sym_either(shape[2] == 1, strides[2] == shape[3])])
-
-
-def reach(t: torch.Tensor):
-    """The largest element offset ``t`` reaches in its storage, from its sizes, strides and
-    storage offset (meaningless when ``t`` is empty)."""
-    out = t.storage_offset()
-    for size, stride in zip(t.shape, t.stride()):
-        out = out + (size - 1) * stride
-    return out
-
-
-def inside_storage(t: torch.Tensor) -> "bool | torch.SymBool":
-    """Every element of ``t`` lies inside its untyped storage. Symbolic on fake tensors, whose
-    storage size is an expression in the sizes of the tensor the storage was made for."""
-    nbytes = t.untyped_storage().nbytes()
-    return sym_either(t.numel() == 0, (reach(t) + 1) * t.element_size() <= nbytes)
 
 
 def _storage_message(name: str, t) -> str:
@@ -118,8 +103,10 @@ PAIR_RULES: dict[str, tuple[Callable, Callable]] = {
 }
 
 
-# Rows that read the storage's size, which a cached verdict's metadata signature does not hold.
-READS_MEMORY = frozenset({"src_inside_storage", "dst_inside_storage"})
+# Rows that read the storage's size, which a cached verdict's metadata signature does not hold:
+# inside_storage rows, on each pair's tensor of this index (0: dst, 1: src).
+INSIDE = {"src_inside_storage": 1, "dst_inside_storage": 0}
+READS_MEMORY = frozenset(INSIDE)
 
 
 def pair_check(rule: str, op: str, pairs: Callable, prefix: Callable[[int], str]) -> Check:
@@ -138,7 +125,10 @@ def pair_check(rule: str, op: str, pairs: Callable, prefix: Callable[[int], str]
         i = next((i for i, (d, s) in enumerate(views) if not hint(ok(d._t, s._t))), 0)
         return prefix(i) + message(op, *views[i])
 
-    return Check(rule, holds, text, reads_memory=rule in READS_MEMORY)
+    if rule in INSIDE:  # the predicate made from the tensors it names (inside_check)
+        k = INSIDE[rule]
+        return inside_check(rule, lambda a: [pair[k] for pair in pairs(a)], text)
+    return Check(rule, holds, text)
 
 
 def _one_pair(a):

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 import struct
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import torch
 from triton import knobs
@@ -137,13 +137,17 @@ class HostPath:
     kernel parameters and result slices may take per call. ``writes``: the names of the
     arguments the op writes (their version counters are bumped, as the dispatcher does)."""
 
-    def __init__(self, validation: CachedValidation, writes: Sequence[str] = (),
+    def __init__(self, validation: CachedValidation,
+                 writes: Sequence[str] | Callable[[tuple], Iterable[torch.Tensor]] = (),
                  names: Sequence[str] | None = None, per_call: Sequence[str] = ()) -> None:
         self.validation = validation
         keyed = tuple(validation.names if names is None else names)
         self.names = keyed + tuple(per_call)
         self.keyed = len(keyed)
-        self.writes = tuple(self.names.index(n) for n in writes)
+        # The tensors whose version counters a call bumps: of the arguments named, or those
+        # ``writes(args)`` gives (tensors inside list arguments).
+        self.writes = writes if callable(writes) else _named_tensors(
+            tuple(self.names.index(n) for n in writes))
         self.cache = (_host_plans.PlanCache(keyed=len(keyed) if per_call else -1)
                       if _host_plans is not None else None)
         # ``call(*args)``: the plan's result, or MISS.
@@ -161,56 +165,68 @@ class HostPath:
         ``options`` and ``device``: the launch the Python path made through the cached
         launcher. ``allocations``: per allocation the Python path made, ``(sizes, dtype,
         split)`` (``split``: unbound along dim 0), in order, and ``fresh`` the tensors they gave
-        (flattened). ``result``: what the op returned: None, a tensor, or a tuple of tensors
-        (each an argument or a fresh tensor) and Nones. ``settings``: ``(namespace, name)`` of each
-        module setting the Python path read to choose its launch (a kernel choice, a tuning
-        dict): the plan serves calls only while each equals its value now. ``named``: kernel
-        parameters given by name, by index in ``kernel_args``: a tensor argument's address
-        (for a :class:`~strictops.ops._launcher.Pointer` standing for it) or a per-call
-        integer. ``validated``: the arguments as the validation takes them, where they differ
-        from ``args``.
+        (flattened). ``result``: what the op returned: None, a tensor or a :class:`Slice`, or a
+        tuple of tensors (each an argument or a fresh tensor) and Nones. ``settings``:
+        ``(namespace, name)`` of each module setting the Python path read to choose its launch
+        (a kernel choice, a tuning dict): the plan serves calls only while each equals its
+        value now. ``named``: kernel parameters given by name, by index in ``kernel_args``: a
+        tensor argument's address (for a :class:`~strictops.ops._launcher.Pointer` standing
+        for it) or a per-call integer. ``validated``: the arguments as the validation takes
+        them, where they differ from ``args``.
 
         Every non-tensor kernel argument must be a function of the signature (sizes, strides,
         dtypes, scalar arguments), never of a tensor's address or values; the signature gets
-        no plan (an entry of None) where the per-call rows are not all ``disjoint`` rows, or
-        where a kernel argument or the result is something a plan cannot name.
+        no plan (an entry of None) where a per-call row is neither a ``disjoint`` nor an
+        ``inside`` row, or where a kernel argument or the result is something a plan cannot
+        name.
         """
         cache = self.cache
         if cache is None or cache.known(*args) is not False:
             return
-        rows = self.validation.rows_for(args if validated is None else validated)
+        validated = args if validated is None else validated
+        rows = self.validation.rows_for(validated)
         if rows is None:
             return  # not a passed signature (cannot happen after a served call; no entry)
-        spec = self._spec(args, rows, launcher, grid, kernel_args, options, device,
+        spec = self._spec(args, validated, rows, launcher, grid, kernel_args, options, device,
                           allocations, fresh, result, named)
         if spec is not None and settings:
             spec = (*spec[:7], (*spec[7], *((namespace, (name,), _copy(namespace[name]), True)
-                                            for namespace, name in settings)))
+                                            for namespace, name in settings)), spec[8])
         cache.add(args, spec)
 
-    def _spec(self, args, rows, launcher, grid, kernel_args, options, device, allocations,
-              fresh, result, named):
-        if any(not c.disjoint for c in rows):
+    def _spec(self, args, validated, rows, launcher, grid, kernel_args, options, device,
+              allocations, fresh, result, named):
+        if any(not (c.disjoint or c.inside) for c in rows):
             return None
-        # A tensor passed as several arguments is named by the first (the key holds which
-        # arguments are one object).
+        # The call's leaves (see make_key in _host_plans.cpp): each argument, a list's or
+        # tuple's items in its place, then the per-call integers; ``position[i]``: argument
+        # ``i``'s leaf (None for a list). A tensor found several times is named by its first
+        # leaf (the key holds which leaves are one object).
+        leaves, position = _leaves(args, self.keyed)
         refs: dict[int, int] = {}
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                refs.setdefault(id(a), i)
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                refs.setdefault(id(leaf), i)
+        tensor_refs = dict(refs)
         for k, t in enumerate(fresh):
             refs[id(t)] = -k - 1
         index = {n: i for i, n in enumerate(self.names)}
-        pairs = [r for c in rows for x, y in c.disjoint
-                 if args[index[x]] is not None and args[index[y]] is not None
-                 for r in (index[x], index[y])]
-        by_name = {i: self.names.index(name) for i, name in named.items()}
-        if any(i < self.keyed and kernel_args[k].data_ptr() != args[i].data_ptr()
-               for k, i in by_name.items()):
+        pairs = [position[index[n]] for c in rows for x, y in c.disjoint
+                 if args[index[x]] is not None and args[index[y]] is not None for n in (x, y)]
+        namespace = self.validation.namespace(*validated) if any(c.inside for c in rows) else None
+        inside = [tensor_refs.get(id(t)) for c in rows if c.inside for t in c.inside(namespace)]
+        bump = [tensor_refs.get(id(t)) for t in self.writes(args)]
+        if None in pairs or None in inside or None in bump:
+            return None
+        by_name = {k: position[index[name]] for k, name in named.items()}
+        if None in by_name.values() or any(
+                index[named[k]] < self.keyed and kernel_args[k].data_ptr() != leaves[i].data_ptr()
+                for k, i in by_name.items()):
             return None  # a pointer given for a tensor argument that is not its address
         prepared = launcher.prepared_for(kernel_args, options, device)
         launch = None if prepared is None else _launch(
-            prepared, grid, kernel_args, refs, by_name, self.keyed, launcher.fn.params)
+            prepared, grid, kernel_args, refs, by_name, len(leaves) - (len(args) - self.keyed),
+            launcher.fn.params)
         if launch is None:
             return None
         if result is None:
@@ -219,22 +235,36 @@ class HostPath:
             kind, returned = 1, (result,)
         else:
             kind, returned = 2, tuple(result)
-        result_refs = tuple(self._result_item(t, refs) for t in returned)
-        if None in result_refs:
+        result_refs = tuple(_NONE_REF if t is None else
+                            tuple(position[index[n]] for n in t) if isinstance(t, Slice) else
+                            refs.get(id(t)) for t in returned)
+        if None in result_refs or any(isinstance(r, tuple) and None in r for r in result_refs):
             return None
-        bump = tuple(i for i in self.writes if args[i] is not None)
-        return (device, tuple(pairs), tuple(allocations), launch, bump, kind, result_refs,
-                _launch_guards(launcher.fn, prepared))
+        return (device, tuple(pairs), tuple(allocations), launch, tuple(bump), kind,
+                result_refs, _launch_guards(launcher.fn, prepared), tuple(inside))
 
 
-    def _result_item(self, item, refs):
-        """A result item as a plan names it (see ``as_result`` in ``_host_plans.cpp``), or
-        None where it cannot."""
-        if item is None:
-            return _NONE_REF
-        if isinstance(item, Slice):
-            return tuple(self.names.index(n) for n in item)
-        return refs.get(id(item))
+def _named_tensors(indices: tuple[int, ...]) -> Callable[[tuple], list]:
+    """The tensors among arguments ``indices`` of a call (those given)."""
+    return lambda args: [args[i] for i in indices if args[i] is not None]
+
+
+def _leaves(args: tuple, keyed: int) -> tuple[list, list]:
+    """The leaves of a call as ``make_key`` in ``_host_plans.cpp`` orders them, and each
+    argument's leaf index (None for a list or tuple)."""
+    leaves, position = [], []
+    for i, a in enumerate(args):
+        if i < keyed and isinstance(a, (list, tuple)):
+            position.append(None)
+            for item in a:
+                if isinstance(item, (list, tuple)):
+                    leaves.extend(item)
+                else:
+                    leaves.append(item)
+        else:
+            position.append(len(leaves))
+            leaves.append(a)
+    return leaves, position
 
 
 def _copy(value):
@@ -251,9 +281,9 @@ _PER_CALL_KINDS = {"i32": "i", "i64": "q"}
 def _launch(prepared, grid, kernel_args, refs, named, keyed, params_of):
     """A plan's launch: the compiled kernel of ``prepared`` on ``grid``, each pointer
     parameter a reference of ``refs`` (by the tensor's identity), each scalar packed; the
-    parameters ``named`` (index -> argument index) are the argument's address where it is
-    below ``keyed``, else the per-call integer (``params_of``: the JIT function's parameters).
-    None where a parameter is none of these."""
+    parameters ``named`` (index -> leaf index) are the leaf's address where it is below
+    ``keyed`` (a tensor argument), else the per-call integer (``params_of``: the JIT function's
+    parameters). None where a parameter is none of these."""
     kernel = prepared.kernel
     num_warps, num_ctas, shared = kernel.packed_metadata
     if num_ctas != 1:
@@ -261,6 +291,8 @@ def _launch(prepared, grid, kernel_args, refs, named, keyed, params_of):
     params = []
     for i, (value, kind) in enumerate(zip(kernel_args, kernel.src.signature.values())):
         if kind == "constexpr":
+            if i in named:
+                return None  # specialised to its value: it cannot change per call
             continue
         if i in named:
             index = named[i]

@@ -157,7 +157,10 @@ const Driver* driver() {
 // ---------------------------------------------------------------------------------------
 // Keys.
 
-enum : int64_t { kNone = 0, kTensor = 1, kBool = 2, kInt = 3, kFloat = 4 };
+enum : int64_t { kNone = 0, kTensor = 1, kBool = 2, kInt = 3, kFloat = 4, kList = 5, kTuple = 6 };
+
+// Lists and tuples nest at most this deep in an argument (a list of tensor pairs: 2).
+constexpr int kMaxDepth = 2;
 
 // Appends the key of one argument; false where the argument has none (a MISS).
 bool append_key(PyObject* o, bool grad, std::vector<int64_t>& key) {
@@ -209,21 +212,62 @@ bool append_key(PyObject* o, bool grad, std::vector<int64_t>& key) {
   return false;
 }
 
-// The key of the first ``n`` arguments.
-bool make_key(PyObject* const* args, Py_ssize_t n, std::vector<int64_t>& key) {
-  key.clear();
-  key.push_back(n);
-  const bool grad = c10::GradMode::is_enabled();
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!append_key(args[i], grad, key)) return false;
-    if (Py_TYPE(args[i]) == g_tensor_type) {  // which earlier argument is this object, if any
-      Py_ssize_t same = -1;
-      for (Py_ssize_t j = 0; j < i && same < 0; ++j) same = args[j] == args[i] ? j : -1;
-      key.push_back(same);
+// Appends the key of argument ``o`` and its leaves to ``flat``: a list or a tuple by its type,
+// length and items, anything else as append_key, a tensor also with the leaf it is the same
+// object as, if any.
+bool append_flat(PyObject* o, bool grad, int depth, std::vector<int64_t>& key,
+                 std::vector<PyObject*>& flat) {
+  PyTypeObject* type = Py_TYPE(o);
+  if (type == &PyList_Type || type == &PyTuple_Type) {
+    if (depth >= kMaxDepth) return false;
+    const Py_ssize_t m = PySequence_Fast_GET_SIZE(o);
+    key.push_back(type == &PyList_Type ? kList : kTuple);
+    key.push_back(m);
+    PyObject** items = PySequence_Fast_ITEMS(o);
+    for (Py_ssize_t i = 0; i < m; ++i) {
+      if (!append_flat(items[i], grad, depth + 1, key, flat)) return false;
     }
+    return true;
   }
+  if (!append_key(o, grad, key)) return false;
+  if (type == g_tensor_type) {
+    Py_ssize_t same = -1;
+    for (size_t j = 0; j < flat.size() && same < 0; ++j) {
+      same = flat[j] == o ? static_cast<Py_ssize_t>(j) : -1;
+    }
+    key.push_back(same);
+  }
+  flat.push_back(o);
   return true;
 }
+
+// The key of the first ``keyed`` of ``n`` arguments, and every argument's leaves in ``flat``
+// (lists and tuples flattened; the arguments past ``keyed`` as they are), each a new
+// reference (release_flat). Plans name tensors and per-call integers by their index in
+// ``flat``: an op without list arguments by its argument's index.
+bool make_key(PyObject* const* args, Py_ssize_t keyed, Py_ssize_t n, std::vector<int64_t>& key,
+              std::vector<PyObject*>& flat) {
+  key.clear();
+  flat.clear();
+  key.push_back(keyed);
+  const bool grad = c10::GradMode::is_enabled();
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < keyed; ++i) ok = append_flat(args[i], grad, 0, key, flat);
+  for (Py_ssize_t i = keyed; ok && i < n; ++i) flat.push_back(args[i]);
+  for (PyObject* o : flat) Py_INCREF(o);  // a list's items outlive a change of the list
+  return ok;
+}
+
+void release_flat(std::vector<PyObject*>& flat) {
+  for (PyObject* o : flat) Py_DECREF(o);
+  flat.clear();
+}
+
+// Releases the leaves of a key on every way out.
+struct FlatGuard {
+  std::vector<PyObject*>& flat;
+  ~FlatGuard() { release_flat(flat); }
+};
 
 struct KeyHash {
   size_t operator()(const std::vector<int64_t>& key) const noexcept {
@@ -287,6 +331,7 @@ struct Plan {
   Py_ssize_t arguments = 0;  // positional arguments of its calls
   int device = -1;  // CUDA device index; -1: no device (record mode only)
   std::vector<std::pair<Ref, Ref>> disjoint;
+  std::vector<Ref> inside;  // tensors that must lie inside their storage
   std::vector<Allocation> allocations;
   // The launch.
   uint64_t function = 0;
@@ -332,6 +377,17 @@ bool disjoint(const at::Tensor& x, const at::Tensor& y) {
   return x_start == x_end || y_start == y_end || x_end <= y_start || y_end <= x_start;
 }
 
+// The contract's ``inside_storage`` rule: every element of ``t`` lies inside its storage.
+bool inside_storage(const at::Tensor& t) {
+  if (t.numel() == 0) return true;
+  int64_t reach = t.storage_offset();
+  auto sizes = t.sizes();
+  auto strides = t.strides();
+  for (size_t d = 0; d < sizes.size(); ++d) reach += (sizes[d] - 1) * strides[d];
+  return (reach + 1) * static_cast<int64_t>(t.element_size()) <=
+         static_cast<int64_t>(t.storage().nbytes());
+}
+
 using PlanMap = std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Plan>, KeyHash>;
 
 struct PlanCacheObject {
@@ -363,6 +419,9 @@ PyObject* run_plan(const Plan& plan, PyObject* const* args) {
   Call call{args, {}};
   for (const auto& [a, b] : plan.disjoint) {
     if (!disjoint(tensor_of(call, a), tensor_of(call, b))) return Py_NewRef(g_miss);
+  }
+  for (Ref r : plan.inside) {
+    if (!inside_storage(tensor_of(call, r))) return Py_NewRef(g_miss);
   }
   std::vector<uint8_t> params(plan.params);
   for (const auto& [offset, scalar] : plan.scalars) {
@@ -514,10 +573,11 @@ PyObject* cache_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObj
   if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) return Py_NewRef(g_miss);
   std::shared_ptr<const Plan> plan;
   const Py_ssize_t keyed = keyed_count(cache, n);
+  if (keyed < 0 || cache->plans->empty()) return Py_NewRef(g_miss);
+  std::vector<PyObject*> flat;
+  FlatGuard release{flat};
   try {
-    if (keyed < 0 || cache->plans->empty() || !make_key(args, keyed, t_key)) {
-      return Py_NewRef(g_miss);
-    }
+    if (!make_key(args, keyed, n, t_key, flat)) return Py_NewRef(g_miss);
     auto found = cache->plans->find(t_key);
     if (found == cache->plans->end() || !found->second) return Py_NewRef(g_miss);
     plan = found->second;  // kept alive through the launch, which releases the GIL
@@ -525,9 +585,9 @@ PyObject* cache_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObj
     return Py_NewRef(g_miss);  // e.g. a tensor without sizes or storage
   }
   if (!gate_open() || !guards_hold(g_guards)) return Py_NewRef(g_miss);
-  if (plan->arguments != n) return Py_NewRef(g_miss);
+  if (plan->arguments != static_cast<Py_ssize_t>(flat.size())) return Py_NewRef(g_miss);
   try {
-    return run_plan(*plan, args);
+    return run_plan(*plan, flat.data());
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
@@ -597,6 +657,7 @@ bool indices_in_range(const Plan& plan, Py_ssize_t keyed) {
   for (const auto& [a, b] : plan.disjoint) {
     if (!ref_ok(a) || !ref_ok(b) || a < 0 || b < 0) return false;
   }
+  for (Ref r : plan.inside) if (r < 0 || !ref_ok(r)) return false;
   for (const auto& [offset, ref] : plan.pointers) if (!ref_ok(ref)) return false;
   for (const auto& [offset, scalar] : plan.scalars) if (!scalar_ok(scalar.index)) return false;
   for (int b : plan.bump) if (b < 0 || b >= keyed) return false;
@@ -608,7 +669,8 @@ bool indices_in_range(const Plan& plan, Py_ssize_t keyed) {
   return true;
 }
 
-// spec: (device, disjoint pairs, allocations, launch, bump, result_kind, result items, guards)
+// spec: (device, disjoint pairs, allocations, launch, bump, result_kind, result items, guards
+//        [, inside refs])
 //   allocations: ((sizes, dtype, split), ...)
 //   launch: (function, (gx, gy, gz), threads, shared, num_ctas, pdl, cooperative, params)
 //   params: per parameter, bytes (a constant, packed), an int (a tensor reference whose
@@ -616,12 +678,13 @@ bool indices_in_range(const Plan& plan, Py_ssize_t keyed) {
 //   result items: see as_result
 std::unique_ptr<Plan> parse_plan(PyObject* spec) {
   auto plan = std::make_unique<Plan>();
-  PyObject *disjoint, *allocations, *launch, *bump, *result, *guards;
+  PyObject *disjoint, *allocations, *launch, *bump, *result, *guards, *inside = nullptr;
   int device, result_kind;
-  if (!PyArg_ParseTuple(spec, "iOOOOiOO", &device, &disjoint, &allocations, &launch, &bump,
-                        &result_kind, &result, &guards)) {
+  if (!PyArg_ParseTuple(spec, "iOOOOiOO|O", &device, &disjoint, &allocations, &launch, &bump,
+                        &result_kind, &result, &guards, &inside)) {
     return nullptr;
   }
+  if (inside != nullptr && !as_refs(inside, plan->inside)) return nullptr;
   plan->device = device;
   plan->result_kind = result_kind;
   std::vector<Ref> pair_refs;
@@ -733,8 +796,14 @@ PyObject* cache_add(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   const Py_ssize_t n_args = PyTuple_GET_SIZE(args[0]);
   const Py_ssize_t keyed = keyed_count(cache, n_args);
   std::vector<int64_t> key;
+  std::vector<PyObject*> flat;
+  FlatGuard release{flat};
+  Py_ssize_t keyed_leaves = 0;
   try {
-    if (keyed < 0 || !make_key(&PyTuple_GET_ITEM(args[0], 0), keyed, key)) Py_RETURN_FALSE;
+    if (keyed < 0 || !make_key(&PyTuple_GET_ITEM(args[0], 0), keyed, n_args, key, flat)) {
+      Py_RETURN_FALSE;
+    }
+    keyed_leaves = static_cast<Py_ssize_t>(flat.size()) - (n_args - keyed);
   } catch (const std::exception&) {
     Py_RETURN_FALSE;
   }
@@ -742,8 +811,8 @@ PyObject* cache_add(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   if (args[1] != Py_None) {
     std::unique_ptr<Plan> parsed = parse_plan(args[1]);
     if (!parsed) return nullptr;
-    parsed->arguments = n_args;
-    if (!indices_in_range(*parsed, keyed)) {
+    parsed->arguments = static_cast<Py_ssize_t>(flat.size());
+    if (!indices_in_range(*parsed, keyed_leaves)) {
       PyErr_SetString(PyExc_ValueError, "a plan names an argument or output the call lacks");
       return nullptr;
     }
@@ -761,8 +830,10 @@ PyObject* cache_known(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   auto* cache = reinterpret_cast<PlanCacheObject*>(self);
   const Py_ssize_t keyed = cache->keyed < 0 ? n : cache->keyed;
   std::vector<int64_t> key;
+  std::vector<PyObject*> flat;
+  FlatGuard release{flat};
   try {
-    if (n < keyed || !make_key(args, keyed, key)) Py_RETURN_NONE;
+    if (n < keyed || !make_key(args, keyed, keyed, key, flat)) Py_RETURN_NONE;
   } catch (const std::exception&) {
     Py_RETURN_NONE;
   }

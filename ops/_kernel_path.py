@@ -31,14 +31,15 @@ class KernelPath:
     ``names``): ``arguments(*op_args, **tuning)`` returns the grid and every kernel parameter
     in signature order, on validated inputs; ``launch_tensor(op_args)`` the tensor on whose
     device the kernel runs (by default the first argument); ``writes`` the names of the
-    arguments the op writes, for an op that returns None and takes the C++ path
-    (:attr:`host`; None without ``writes``); ``settings`` the ``(namespace, name)`` of module
+    arguments the op writes, or a function of the arguments that returns the tensors it writes,
+    for an op that returns None and takes the C++ path (:attr:`host`; None without
+    ``writes``); ``settings`` the ``(namespace, name)`` of module
     settings the launch depends on (see :meth:`HostPath.register`)."""
 
     def __init__(self, jit_fn, contract: Contract, names: tuple[str, ...],
                  arguments: Callable, num_warps: int,
                  launch_tensor: Callable = operator.itemgetter(0),
-                 writes: tuple[str, ...] | None = None, settings: tuple = ()) -> None:
+                 writes: tuple[str, ...] | Callable | None = None, settings: tuple = ()) -> None:
         self.jit_fn = jit_fn
         self.contract = contract
         self.arguments = arguments

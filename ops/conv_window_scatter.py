@@ -40,6 +40,7 @@ from strictops.meta import conv_window_scatter as contract
 
 from . import mamba_state_scatter
 from ._dispatch import can_skip_dispatcher
+from ._host_path import MISS
 from ._interpret import interpreted
 from ._kernel_path import KernelPath
 from .mamba_state_scatter import request_is_valid
@@ -252,9 +253,12 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
 # The launch paths (strictops.ops._kernel_path): the op's body (also its fake) validates in
 # full and launches through ``kernel[grid]``; a plain eager call takes the contract's cached
 # verdict and the cached launcher (strictops.ops._launcher); the same rules and the same launch.
+# A call that path served leaves a plan for the C++ path (strictops.ops._host_path), which
+# runs the storage-reach rows on every call as the cached verdict does.
 _PATH = KernelPath(_scatter_kernel, contract.CONTRACT, contract.ARGUMENTS, _arguments,
-                   TUNING["num_warps"])
+                   TUNING["num_warps"], writes=("dst",))
 _launch, _forward, _eager = _PATH.launch, _PATH.forward, _PATH.eager
+_HOST_CALL = _PATH.host.call
 _VALIDATION, _LAUNCHER, _OPTIONS = _PATH.validation, _PATH.launcher, _PATH.options
 
 
@@ -306,6 +310,9 @@ def fused_conv_window_scatter_with_mask(
     launch, no host sync, no copy of the index tensors. Bad metadata raises ``ValueError``
     before launch in eager mode and at trace time under ``torch.compile``/``torch.export``.
     """
+    if not torch.compiler.is_compiling() and _HOST_CALL(  # a signature served before
+            dst, src, dst_indices_raw, step_indices_raw, src_indices_raw) is not MISS:
+        return
     if can_skip_dispatcher(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):
         _eager(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
         torch.autograd.graph.increment_version(dst)  # what the dispatcher does for a(!) args

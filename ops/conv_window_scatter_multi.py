@@ -36,6 +36,7 @@ from strictops.meta import conv_window_scatter_multi as contract
 
 from . import conv_window_scatter as one
 from ._dispatch import can_skip_dispatcher
+from ._host_path import MISS
 from ._interpret import interpreted
 from ._kernel_path import KernelPath
 from .conv_window_scatter import copy_window, request_is_valid, written_later
@@ -184,13 +185,20 @@ def _first_dst(args):
     return args[0][0][0]
 
 
+def _dsts(args):
+    """The tensors a call writes: every pair's ``dst``."""
+    return [pair[0] for pair in args[0]]
+
+
 # The launch paths (strictops.ops._kernel_path), as the one-pair op's: the op's body (also its
 # fake) validates in full and launches through ``kernel[grid]``; a plain eager call takes the
 # contract's verdict cached per metadata signature (each pair's tensors' metadata in order; the
-# storage-reach rows run on every call) and the cached launcher.
+# storage-reach rows run on every call) and the cached launcher, and leaves a plan for the C++
+# path (keyed by the list of pairs' items, in order).
 _PATH = KernelPath(_scatter_multi_kernel, contract.CONTRACT, contract.ARGUMENTS, _arguments,
-                   one.TUNING["num_warps"], _first_dst)
+                   one.TUNING["num_warps"], _first_dst, writes=_dsts)
 _launch, _forward, _eager = _PATH.launch, _PATH.forward, _PATH.eager
+_HOST_CALL = _PATH.host.call
 _VALIDATION, _LAUNCHER, _OPTIONS = _PATH.validation, _PATH.launcher, _PATH.options
 
 
@@ -263,6 +271,10 @@ def fused_conv_window_scatter_multi(
     mode and at trace time under ``torch.compile``/``torch.export``.
     """
     pairs = [(dst, src) for dst, src in pairs]
+    if not torch.compiler.is_compiling() and _HOST_CALL(  # a signature served before
+            pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw,
+            step_indices2_raw) is not MISS:
+        return
     if can_skip_dispatcher(*(t for pair in pairs for t in pair), dst_indices_raw,
                            step_indices_raw, dst_indices2_raw, step_indices2_raw):
         _eager(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_indices2_raw)

@@ -115,8 +115,42 @@ def test_one_tensor_twice_is_its_own_key(host_recorder):
 
 def test_no_key_for_other_argument_kinds():
     cache = host_plans.PlanCache()
-    for odd in ([torch.zeros(1)], (1, 2), "a", 2**70, torch.zeros(2).to_sparse(), object()):
+    for odd in ([[[torch.zeros(1)]]], ["a"], "a", 2**70, torch.zeros(2).to_sparse(), object(),
+                [(torch.zeros(1), object())]):
         assert cache.known(odd) is None and cache.add((odd,), None) is False
+
+
+def test_lists_of_tensor_pairs_are_keyed_by_their_items(host_recorder):
+    """A list (or tuple) argument's key is its type, length and items; plans name its tensors
+    by their index among the call's leaves (here [x0, y0, x1, y1, i])."""
+    cache = host_plans.PlanCache()
+    pairs = [(torch.zeros(4, 8), torch.zeros(8)), (torch.zeros(2, 3), torch.zeros(3))]
+    index = torch.zeros(5, dtype=torch.int32)
+    launch = (1234, (1, 1, 1), 128, 0, 1, False, False, (2, 4, bytes(8), bytes(8)))
+    # leaves 1 and 3 inside their storage, version bumps of 0 and 2, leaf 2 returned
+    spec = (-1, (), (), launch, (0, 2), 1, (2,), None, (1, 3))
+    assert cache.add((pairs, index), spec) is True
+    other = [(torch.ones(4, 8), torch.ones(8)), (torch.ones(2, 3), torch.ones(3))]
+    versions = [d._version for d, _ in other]
+    assert cache(other, index) is other[1][0]
+    assert [d._version for d, _ in other] == [v + 1 for v in versions]
+    params, offsets = host_recorder[-1][8], host_recorder[-1][9]
+    assert int.from_bytes(params[:8], "little") == other[1][0].data_ptr()
+    assert int.from_bytes(params[offsets[1]:offsets[1] + 8], "little") == index.data_ptr()
+    x0, y0 = pairs[0]
+    for what, variant in (
+            ("tuple for list", (tuple(pairs), index)),
+            ("list for tuple", ([list(p) for p in pairs], index)),
+            ("one pair fewer", (pairs[:1], index)),
+            ("an item's shape", ([(torch.zeros(4, 9), y0), pairs[1]], index)),
+            ("an item's dtype", ([(x0, y0.double()), pairs[1]], index)),
+            ("an item's alignment", ([(x0, torch.zeros(9)[1:]), pairs[1]], index))):
+        assert cache(*variant) is MISS, what
+    # A view whose storage was shrunk under it: outside its storage, so the Python path.
+    short = torch.zeros(8)
+    short.untyped_storage().resize_(7 * 4)
+    assert cache([(x0, short), pairs[1]], index) is MISS
+    assert cache([(x0, torch.zeros(8)), pairs[1]], index) is pairs[1][0]
 
 
 def test_the_gate_refuses_what_the_dispatcher_must_see(host_recorder):

@@ -746,3 +746,63 @@ def test_copy_tensor_plan_launches_what_the_python_path_launches(
     assert host.call(pool.tensor, src, 4, 2, False, state, *second) is MISS
     monkeypatch.setitem(tp.TUNING, "one_launch", {"block_bytes": 2048, "num_warps": 4})
     assert host.call(*key, state, *second) is MISS
+
+
+def _conv_inputs(multi_pairs: bool):
+    """A conv-window scatter call on CPU tensors: one pair, or two of different dims and
+    dtypes with both request sets; each ``src`` an overlapping window view."""
+    from strictops.ops import conv_window_scatter as cws
+    pairs = [(torch.zeros(2, 5, dim, km1, dtype=dtype),
+              cws.window_view(torch.zeros(2, 4, dim, 3 + km1 - 1, dtype=dtype), 3, km1))
+             for dim, km1, dtype in ((19, 3, torch.bfloat16), (7, 2, torch.float32))]
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    if multi_pairs:
+        return (pairs, slots, steps, steps, slots)
+    return (*pairs[0], slots, steps, None)
+
+
+@_needs_host_path
+@pytest.mark.parametrize("multi_pairs", [False, True])
+def test_conv_window_scatter_plan_launches_what_the_python_path_launches(
+        recording_driver, host_recorder, monkeypatch, multi_pairs):
+    """The one-pair and multi-pair ops' plans: the Python path's launch, parameter by
+    parameter, the pairs' tensors named inside the list; the storage-reach rows on every call
+    (a storage shrunk under a planned signature takes the Python path, which raises)."""
+    from strictops.meta._contract import Contract
+    from strictops.ops import conv_window_scatter as cws
+    from strictops.ops import conv_window_scatter_multi as multi
+    from strictops.ops._kernel_path import KernelPath
+    module = multi if multi_pairs else cws
+    real = module._PATH
+    # CPU tensors: the contract's storage-reach rows alone stand in for it (the op's own tests
+    # cover the other rules, which need CUDA tensors).
+    stand_in = Contract(real.contract.op, "stand_in",
+                        tuple(c for c in real.contract.checks if c.inside))
+    assert len(stand_in.checks) == 2
+    path = KernelPath(real.jit_fn, stand_in, real.validation.names, real.arguments,
+                      real.num_warps, real.launch_tensor,
+                      writes=multi._dsts if multi_pairs else ("dst",))
+    monkeypatch.setattr(module, "_eager", path.eager)
+    monkeypatch.setattr(module, "_HOST_CALL", path.host.call)
+    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
+    call = _conv_inputs(multi_pairs)
+    public = multi.fused_conv_window_scatter_multi if multi_pairs else (
+        cws.fused_conv_window_scatter_with_mask)
+    dsts = [p[0] for p in call[0]] if multi_pairs else [call[0]]
+    versions = [d._version for d in dsts]
+    for _ in range(2):
+        assert public(*call) is None
+    assert len(host_recorder) == 1 and len(path.host.cache) == 1
+    assert [d._version for d in dsts] == [v + 2 for v in versions]
+    python_launch, launch = _RecordingLauncher.calls[-1], host_recorder[0]
+    kernel = next(iter(path.launcher.prepared.values())).kernel
+    assert launch[1] == python_launch[:3] and launch[0] == python_launch[4]
+    assert _params(launch, kernel.src.signature) == _triton_params(python_launch,
+                                                                   kernel.src.signature)
+    # The same signature over a src whose storage was shrunk after the view was made.
+    shrunk = _conv_inputs(multi_pairs)
+    src = shrunk[0][-1][1] if multi_pairs else shrunk[1]
+    src.untyped_storage().resize_(src.untyped_storage().nbytes() - src.element_size())
+    with pytest.raises(ValueError, match="storage"):
+        public(*shrunk)
+    assert len(host_recorder) == 1
