@@ -474,7 +474,7 @@ def test_gpu_mamba_scatter_misaligned_dst_view():
 def test_gpu_copy_tensor_misaligned_source():
     from strictops.meta.transport_pool import data_start
     from strictops.ops import TransportPool
-    pool = TransportPool(data_start(4, 1) + (4 << 20), device="cuda:0", max_inflight_slices=4,
+    pool = TransportPool(data_start(4, 1) + (8 << 20), device="cuda:0", max_inflight_slices=4,
                          consumer_count=1, recycle_interval=None, name="launcher-test")
     try:
         base = torch.randint(0, 256, ((2 << 20) + 7,), dtype=torch.uint8, device="cuda")
