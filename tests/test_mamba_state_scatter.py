@@ -117,15 +117,22 @@ def _fill(dims: contract.Dims, values: dict, device: str, gen: torch.Generator) 
     return args
 
 
-KERNELS = tuple(op.PATHS)  # "persistent" (the default) and "per_chunk"
+KERNELS = tuple(op.PATHS)  # "persistent", "per_chunk" and "layer_loop" (the default)
 
 
 def _tunings(kernel: str):
     """Tunings of ``kernel`` that reach its edge cases on interpreter-sized calls: several
     chunks an entry, requests read and compared in blocks of 2 (the persistent kernel), one
-    program or a few doing many items."""
+    program or a few doing many items, layer groups and tiles that do not divide the layers
+    or each other (the layer-loop kernel)."""
     if kernel == "per_chunk":
         return st.sampled_from([{}, {"block_bytes": 16}, {"block_bytes": 64}])
+    if kernel == "layer_loop":
+        return st.fixed_dictionaries({
+            "block_bytes": st.sampled_from([16, 64, op.TUNING["layer_loop"]["block_bytes"]]),
+            "layers_per_program": st.sampled_from([1, 2, 3, 5, 36]),
+            "layer_tile": st.sampled_from([1, 2, 4]),
+        })
     return st.fixed_dictionaries({
         "chunk_bytes": st.sampled_from([16, 64, op.TUNING["persistent"]["chunk_bytes"]]),
         "programs": st.integers(1, 7),
@@ -212,9 +219,10 @@ def test_persistent_default_tuning_at_a_moderate_shape():
 
 
 def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: bool) -> tuple:
-    """``(registers, spilled bytes, 16-byte loads)`` of a kernel compiled for sm_90 without a
-    GPU with its default tuning: pointers, entry size and strides marked multiples of 16, as
-    Triton's specialisation marks them in serving (``ptxas -v`` on its PTX)."""
+    """``(registers, spilled bytes, 16-byte loads, 16-byte stores)`` of a kernel compiled for
+    sm_90 without a GPU with its default tuning: pointers, entry size and strides marked
+    multiples of 16, as Triton's specialisation marks them in serving (``ptxas -v`` on its
+    PTX)."""
     import re
     import subprocess
     import tempfile
@@ -225,11 +233,14 @@ def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: 
 
     path = op.PATHS[kernel]
     fn, tuning = path.jit_fn, op.TUNING[kernel]
-    esize = {"fp32": 4, "bf16": 2}[dtype]
+    esize = {"fp32": 4, "bf16": 2, "i8": 1}[dtype]
     if kernel == "persistent":
         constexprs = {"CHUNK": tuning["chunk_bytes"] // esize, "SCAN": op.SCAN, "TILE": op.TILE}
     else:
         constexprs = {"BLOCK": tuning["block_bytes"] // esize, "SCAN": op.SCAN_PER_CHUNK}
+    if kernel == "layer_loop":
+        constexprs.update(LAYERS_PER_PROGRAM=tuning["layers_per_program"],
+                          LAYER_TILE=tuning["layer_tile"])
     constexprs["HAS_SRC_INDICES"] = has_src_indices
     hinted = ("dst_ptr", "src_ptr", "dst_idx_ptr", "step_idx_ptr", "src_idx_ptr", "entry_numel",
               "dst_layer_stride", "dst_slot_stride")
@@ -250,7 +261,8 @@ def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: 
                                f"{tmp}/k.cubin"], capture_output=True, text=True, check=True)
     registers = int(re.search(r"Used (\d+) registers", info.stderr).group(1))
     spilled = sum(map(int, re.findall(r"(\d+) bytes spill", info.stderr)))
-    return registers, spilled, compiled.asm["ptx"].count("ld.global.v4")
+    ptx = compiled.asm["ptx"]
+    return registers, spilled, ptx.count("ld.global.v4"), ptx.count("st.global.v4")
 
 
 @pytest.mark.parametrize("dtype, index_dtype, has_src_indices",
@@ -261,12 +273,76 @@ def test_persistent_kernel_fits_its_programs_per_sm_on_sm90(dtype, index_dtype,
     16-byte loads, and its registers let every program of its grid (``programs_per_sm`` of
     ``num_warps`` warps) be resident at once on a 64K-register SM; a program that is not
     would run its whole share after the others."""
-    registers, spilled, vector_loads = _sm90_registers("persistent", dtype, index_dtype,
-                                                       has_src_indices)
+    registers, spilled, vector_loads, _ = _sm90_registers("persistent", dtype, index_dtype,
+                                                          has_src_indices)
     tuning = op.TUNING["persistent"]
     per_warp = -(-registers * 32 // 256) * 256  # allocated per warp in 256-register units
     assert spilled == 0 and vector_loads > 0
     assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= 65536, registers
+
+
+# Registers of the layer-loop kernel at its default tuning, at most: 8 programs of 4 warps
+# share an SM (64 x 128 x 8 = 64K), each with one [4, 4 KiB] tile in flight. ptxas gives 56-62
+# for sm_90 (docs/design/mamba_state_scatter.md#layer-loop).
+LAYER_LOOP_MAX_REGISTERS = 64
+
+
+@pytest.mark.parametrize("dtype, index_dtype, has_src_indices",
+                         [("fp32", "i32", False), ("fp32", "i64", True), ("bf16", "i64", True),
+                          ("i8", "i32", False)])
+def test_layer_loop_kernel_copies_in_16_byte_vectors_without_spills_on_sm90(
+        dtype, index_dtype, has_src_indices):
+    """Without a GPU: the layer-loop kernel compiled for sm_90 spills nothing, keeps its
+    registers within ``LAYER_LOOP_MAX_REGISTERS``, and copies a whole ``[LAYER_TILE, BLOCK]``
+    tile per step with 16-byte loads and stores only (every thread's share of each layer's
+    chunk)."""
+    registers, spilled, vector_loads, vector_stores = _sm90_registers(
+        "layer_loop", dtype, index_dtype, has_src_indices)
+    tuning = op.TUNING["layer_loop"]
+    vectors = tuning["layer_tile"] * tuning["block_bytes"] // (16 * 32 * tuning["num_warps"])
+    assert spilled == 0 and registers <= LAYER_LOOP_MAX_REGISTERS, (registers, spilled)
+    assert vector_loads == vector_stores == vectors, (vector_loads, vector_stores)
+
+
+@pytest.mark.parametrize("reverse_programs", [False, True])
+@pytest.mark.parametrize("layers, layers_per_program, layer_tile",
+                         [(5, 2, 4), (5, 3, 2), (7, 12, 4), (7, 4, 4), (3, 1, 1), (37, 12, 4)])
+def test_layer_loop_layer_groups_and_tiles_that_do_not_divide(reverse_programs, layers,
+                                                              layers_per_program, layer_tile):
+    """Layer counts that are not a multiple of the group (the last group short), groups not a
+    multiple of the tile (the last tile of each group masked), a group wider than the model,
+    with duplicate slots and invalid requests: every layer written, none past the last, as the
+    reference."""
+    gen = torch.Generator().manual_seed(layers * 100 + layers_per_program * 10 + layer_tile)
+    n, cache = 9, 6
+    dst = torch.randn(layers, cache, 3, 8, generator=gen)
+    src = torch.randn(layers, n, 3, 3, 8, generator=gen)
+    slots = torch.tensor([0, 5, 2, 2, -1, 5, 3, 6, 1], dtype=torch.int32)
+    steps = torch.tensor([1, 2, 0, 2, 1, -1, 3, 0, 2])
+    expected = op.reference(dst, src, slots, steps)
+    op.launch_interpreted(dst, src, slots, steps, reverse_programs=reverse_programs,
+                          kernel="layer_loop", block_bytes=64,
+                          layers_per_program=layers_per_program, layer_tile=layer_tile)
+    assert torch.equal(dst, expected)
+    assert torch.equal(dst[:, 2], src[:, 3, 2]) and torch.equal(dst[:, 5], src[:, 1, 2])
+
+
+def test_layer_loop_default_tuning_at_a_moderate_shape():
+    """The default tuning (4 KiB chunks, 16-byte vectors, a group of 12 layers wider than the
+    model's 4, one tile of 4) on 48 requests with every kind of bad index and a duplicate
+    slot, in reverse program order: the reference's bits."""
+    args = op.example_inputs("cpu", False, torch.Generator().manual_seed(0))
+    expected = op.reference(**args)
+    op.launch_interpreted(**args, reverse_programs=True, kernel="layer_loop")
+    assert torch.equal(args["dst"], expected)
+
+
+def test_layer_loop_grid_is_requests_times_chunks_by_layer_groups():
+    dst, src = torch.randn(37, 8, 1000), torch.randn(37, 5, 2, 1000)
+    slots = torch.zeros(5, dtype=torch.int32)
+    grid, _ = op._layer_loop_arguments(dst, src, slots, slots, None, block_bytes=1024,
+                                       layers_per_program=12)
+    assert grid == (5 * 4, 4, 1)  # 4 chunks of 256 floats; layers 0-11, 12-23, 24-35, 36
 
 
 def test_kernel_variant_switches_the_kernel_for_a_block_only():
@@ -409,8 +485,8 @@ def _many_requests(n: int, valid: int, cache: int, gen: torch.Generator):
 
 @gpu
 @pytest.mark.parametrize("n, valid", [(64, 0), (64, 1), (64, 51), (300, 250)])
-def test_gpu_persistent_and_per_chunk_kernels_write_the_same_bits(monkeypatch, n, valid):
-    """Both kernels, at a model-like entry (128 KiB fp32, several chunks) and more requests than
+def test_gpu_every_kernel_writes_the_same_bits(monkeypatch, n, valid):
+    """Every kernel, at a model-like entry (128 KiB fp32, several chunks) and more requests than
     several blocks of ``SCAN`` with duplicate slots: the reference's bits, each."""
     gen = torch.Generator().manual_seed(n + valid)
     dst = torch.randn(3, 40, 8, 64, 64, generator=gen).cuda()
