@@ -474,6 +474,15 @@ def test_gpu_large_entry_and_large_strides():
     assert torch.equal(dst[:, 2], src[:, 0, 0])
 
 
+def _assert_every_kernel_writes(expected, monkeypatch, dst, src, slots, steps) -> None:
+    """Each kernel's call on a copy of ``dst`` leaves ``expected``, bit for bit."""
+    for kernel in KERNELS:
+        monkeypatch.setitem(op.TUNING, "kernel", kernel)
+        out = dst.clone()
+        fused_mamba_state_scatter_with_mask(out, src, slots, steps)
+        assert torch.equal(out, expected), kernel
+
+
 def _many_requests(n: int, valid: int, cache: int, gen: torch.Generator):
     """Slots (int32, duplicates among them) and steps (int64) of ``n`` requests, ``valid`` of
     them valid, on the GPU."""
@@ -492,12 +501,8 @@ def test_gpu_every_kernel_writes_the_same_bits(monkeypatch, n, valid):
     dst = torch.randn(3, 40, 8, 64, 64, generator=gen).cuda()
     src = torch.randn(3, n, 4, 8, 64, 64, generator=gen).cuda()
     slots, steps = _many_requests(n, valid, 40, gen)
-    expected = op.reference(dst, src, slots, steps)
-    for kernel in KERNELS:
-        monkeypatch.setitem(op.TUNING, "kernel", kernel)
-        out = dst.clone()
-        fused_mamba_state_scatter_with_mask(out, src, slots, steps)
-        assert torch.equal(out, expected), kernel
+    _assert_every_kernel_writes(op.reference(dst, src, slots, steps), monkeypatch, dst, src,
+                                slots, steps)
 
 
 @gpu
@@ -540,3 +545,45 @@ def test_gpu_persistent_programs_are_all_resident():
         per_warp = -(-kernel.n_regs * 32 // 256) * 256
         assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= regs_per_sm, (
             kernel.n_regs)
+
+
+@gpu
+@pytest.mark.parametrize("layers, valid", [(36, 51), (36, 1), (13, 40), (5, 0)])
+def test_gpu_every_kernel_equals_the_original_bit_for_bit(monkeypatch, sglang_mamba, layers,
+                                                          valid):
+    """Each kernel beside sglang's original at a model-like entry (128 KiB fp32) on 64 requests
+    with distinct slots (the original leaves duplicates to the order its programs run in):
+    a full commit, one valid request, layer counts that are not a multiple of the layer-loop
+    group, none valid."""
+    gen = torch.Generator().manual_seed(layers + valid)
+    dst = torch.randn(layers, 96, 8, 64, 64, generator=gen).cuda()
+    src = torch.randn(layers, 64, 4, 8, 64, 64, generator=gen).cuda()
+    slots = torch.randperm(96, generator=gen)[:64].to(torch.int32).cuda()
+    steps = torch.randint(0, 4, (64,), generator=gen)
+    steps[torch.randperm(64, generator=gen)[valid:]] = -1
+    steps = steps.cuda()
+    theirs = dst.clone()
+    sglang_mamba.fused_mamba_state_scatter_with_mask(theirs, src, slots, steps)
+    _assert_every_kernel_writes(theirs, monkeypatch, dst, src, slots, steps)
+
+
+@gpu
+def test_gpu_layer_loop_kernel_loads_within_its_registers_without_spills():
+    """The layer-loop kernels as loaded on this GPU (each specialisation a call compiled) keep
+    the registers and the no-spill of the offline sm_90 check: 8 programs of 4 warps an SM."""
+    for dtype, index_dtype, with_rows in ((torch.float32, torch.int32, False),
+                                          (torch.bfloat16, torch.int64, True)):
+        args = op.example_inputs("cuda:0", False, torch.Generator().manual_seed(8))
+        args["dst"], args["src"] = args["dst"].to(dtype), args["src"].to(dtype)
+        args["dst_indices_raw"] = args["dst_indices_raw"].to(index_dtype)
+        if not with_rows:
+            args["src_indices_raw"] = None
+        with op.kernel_variant("layer_loop"):
+            fused_mamba_state_scatter_with_mask(**args)
+    torch.cuda.synchronize()
+    compiled = list(op._layer_loop_kernel.device_caches[torch.cuda.current_device()][0].values())
+    assert len(compiled) >= 2
+    for kernel in compiled:
+        kernel._init_handles()
+        assert kernel.n_spills == 0 and kernel.n_regs <= LAYER_LOOP_MAX_REGISTERS, (
+            kernel.n_regs, kernel.n_spills)
