@@ -277,7 +277,7 @@ def _layer_loop_kernel(
     LAYER_TILE: tl.constexpr,
 ):
     """Copy one ``BLOCK``-element chunk of one request's entry for ``LAYERS_PER_PROGRAM``
-    layers (the default kernel).
+    layers.
 
     Grid: ``(n_requests * cdiv(entry_numel, BLOCK), cdiv(num_layers, LAYERS_PER_PROGRAM))``;
     program ``(p, g)`` takes request ``p // chunks``, chunk ``p % chunks`` and layers
