@@ -218,11 +218,13 @@ def test_persistent_default_tuning_at_a_moderate_shape():
     assert torch.equal(args["dst"], expected)
 
 
-def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: bool) -> tuple:
+def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: bool,
+                    unit_index_strides: bool = False) -> tuple:
     """``(registers, spilled bytes, 16-byte loads, 16-byte stores)`` of a kernel compiled for
     sm_90 without a GPU with its default tuning: pointers, entry size and strides marked
     multiples of 16, as Triton's specialisation marks them in serving (``ptxas -v`` on its
-    PTX)."""
+    PTX); with ``unit_index_strides`` the index tensors' strides are the constant 1, as Triton
+    specialises contiguous index tensors."""
     import re
     import subprocess
     import tempfile
@@ -242,6 +244,8 @@ def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: 
         constexprs.update(LAYERS_PER_PROGRAM=tuning["layers_per_program"],
                           LAYER_TILE=tuning["layer_tile"])
     constexprs["HAS_SRC_INDICES"] = has_src_indices
+    if unit_index_strides:
+        constexprs.update(dst_idx_stride=1, step_idx_stride=1, src_idx_stride=1)
     hinted = ("dst_ptr", "src_ptr", "dst_idx_ptr", "step_idx_ptr", "src_idx_ptr", "entry_numel",
               "dst_layer_stride", "dst_slot_stride")
     signature = {name: "constexpr" if name in constexprs else
@@ -251,7 +255,8 @@ def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: 
     source = triton.compiler.ASTSource(
         fn=fn, signature=signature,
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-        attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted})
+        attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted
+               if k not in constexprs})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": tuning["num_warps"]})
     with tempfile.TemporaryDirectory() as tmp:
@@ -287,17 +292,18 @@ def test_persistent_kernel_fits_its_programs_per_sm_on_sm90(dtype, index_dtype,
 LAYER_LOOP_MAX_REGISTERS = 64
 
 
+@pytest.mark.parametrize("unit_index_strides", [False, True])
 @pytest.mark.parametrize("dtype, index_dtype, has_src_indices",
                          [("fp32", "i32", False), ("fp32", "i64", True), ("bf16", "i64", True),
                           ("i8", "i32", False)])
 def test_layer_loop_kernel_copies_in_16_byte_vectors_without_spills_on_sm90(
-        dtype, index_dtype, has_src_indices):
+        dtype, index_dtype, has_src_indices, unit_index_strides):
     """Without a GPU: the layer-loop kernel compiled for sm_90 spills nothing, keeps its
     registers within ``LAYER_LOOP_MAX_REGISTERS``, and copies a whole ``[LAYER_TILE, BLOCK]``
     tile per step with 16-byte loads and stores only (every thread's share of each layer's
     chunk)."""
     registers, spilled, vector_loads, vector_stores = _sm90_registers(
-        "layer_loop", dtype, index_dtype, has_src_indices)
+        "layer_loop", dtype, index_dtype, has_src_indices, unit_index_strides)
     tuning = op.TUNING["layer_loop"]
     vectors = tuning["layer_tile"] * tuning["block_bytes"] // (16 * 32 * tuning["num_warps"])
     assert spilled == 0 and registers <= LAYER_LOOP_MAX_REGISTERS, (registers, spilled)
