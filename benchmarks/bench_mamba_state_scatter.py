@@ -52,7 +52,8 @@ SHAPES = [
 # tile. The persistent and per-chunk sweeps are in docs/design/mamba_state_scatter.md.
 LAYER_LOOP_TUNING = [{"block_bytes": b, "num_warps": w, "layers_per_program": g, "layer_tile": t}
                      for b, w, g, t in [(4096, 4, 36, 4), (4096, 4, 6, 2), (4096, 4, 12, 2),
-                                        (2048, 4, 36, 8), (8192, 8, 12, 4)]]
+                                        (2048, 4, 36, 8), (8192, 8, 12, 4),
+                                        (16384, 8, 6, 2)]]
 KERNELS = list(m.PATHS)
 
 
