@@ -561,13 +561,12 @@ def test_gpu_every_kernel_equals_the_original_bit_for_bit(monkeypatch, sglang_ma
     with distinct slots (the original leaves duplicates to the order its programs run in):
     a full commit, one valid request, layer counts that are not a multiple of the layer-loop
     group, none valid."""
-    gen = torch.Generator().manual_seed(layers + valid)
-    dst = torch.randn(layers, 96, 8, 64, 64, generator=gen).cuda()
-    src = torch.randn(layers, 64, 4, 8, 64, 64, generator=gen).cuda()
-    slots = torch.randperm(96, generator=gen)[:64].to(torch.int32).cuda()
-    steps = torch.randint(0, 4, (64,), generator=gen)
-    steps[torch.randperm(64, generator=gen)[valid:]] = -1
-    steps = steps.cuda()
+    gen = torch.Generator(device="cuda").manual_seed(layers + valid)
+    dst = torch.randn(layers, 96, 8, 64, 64, device="cuda", generator=gen)
+    src = torch.randn(layers, 64, 4, 8, 64, 64, device="cuda", generator=gen)
+    slots = torch.randperm(96, device="cuda", generator=gen)[:64].to(torch.int32)
+    steps = torch.randint(0, 4, (64,), device="cuda", generator=gen)
+    steps[torch.randperm(64, device="cuda", generator=gen)[valid:]] = -1
     theirs = dst.clone()
     sglang_mamba.fused_mamba_state_scatter_with_mask(theirs, src, slots, steps)
     _assert_every_kernel_writes(theirs, monkeypatch, dst, src, slots, steps)
