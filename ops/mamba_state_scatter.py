@@ -20,9 +20,12 @@ Invalid requests touch no memory. When several valid requests name the same cach
 last one (largest ``i``) wins, as in a sequential loop, so the result never depends on the
 order in which programs run.
 
-Kernels: ``_scatter_kernel`` (default), persistent over the writing requests' work items only,
-so invalid requests cost no programs; ``_per_chunk_kernel``, a program per (request, layer,
-chunk). ``TUNING["kernel"]`` picks one (docs/design/mamba_state_scatter.md#grid).
+Kernels: ``_layer_loop_kernel`` (default), a program per (request, chunk, group of layers)
+that reads and compares its request's indices once and copies the chunk for each of its layers,
+so an invalid request costs ``cdiv(num_layers, layers_per_program)`` times fewer programs than
+in ``_per_chunk_kernel``, a program per (request, layer, chunk); ``_scatter_kernel``,
+persistent over the writing requests' work items only. ``TUNING["kernel"]`` picks one
+(docs/design/mamba_state_scatter.md#grid, #layer-loop).
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def _scatter_kernel(
     SCAN: tl.constexpr,
     TILE: tl.constexpr,
 ):
-    """Persistent copy of every writing request's entries, all layers (the default kernel).
+    """Persistent copy of every writing request's entries, all layers.
 
     Grid: ``(P,)`` for any ``P >= 1``. Work items are ``(writing request, layer, chunk)`` in
     that order, the chunk fastest; program ``p`` takes items ``p, p + P, ...``. Every program
@@ -197,8 +200,7 @@ def _per_chunk_kernel(
     BLOCK: tl.constexpr,
     SCAN: tl.constexpr,
 ):
-    """Copy one ``BLOCK``-element chunk of one (request, layer) entry (the previous kernel,
-    kept selectable: ``TUNING["kernel"] = "per_chunk"``).
+    """Copy one ``BLOCK``-element chunk of one (request, layer) entry.
 
     Grid: ``(n_requests * cdiv(entry_numel, BLOCK), num_layers)``: a program for every
     request, valid or not, and each scans the later requests for its slot.
@@ -249,24 +251,110 @@ def _per_chunk_kernel(
     tl.store(dst_base + offs, data, mask=mask)
 
 
+@triton.jit(do_not_specialize=["n_requests", "num_layers", "cache_size", "spec_size",
+                               "draft_tokens"])
+def _layer_loop_kernel(
+    dst_ptr,
+    src_ptr,
+    dst_idx_ptr,
+    step_idx_ptr,
+    src_idx_ptr,
+    n_requests,
+    num_layers,
+    cache_size,
+    spec_size,
+    draft_tokens,
+    entry_numel,
+    dst_layer_stride,
+    dst_slot_stride,
+    dst_idx_stride,
+    step_idx_stride,
+    src_idx_stride,
+    HAS_SRC_INDICES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SCAN: tl.constexpr,
+    LAYERS_PER_PROGRAM: tl.constexpr,
+    LAYER_TILE: tl.constexpr,
+):
+    """Copy one ``BLOCK``-element chunk of one request's entry for ``LAYERS_PER_PROGRAM``
+    layers.
+
+    Grid: ``(n_requests * cdiv(entry_numel, BLOCK), cdiv(num_layers, LAYERS_PER_PROGRAM))``;
+    program ``(p, g)`` takes request ``p // chunks``, chunk ``p % chunks`` and layers
+    ``g * LAYERS_PER_PROGRAM`` up to the next group or ``num_layers``. It reads its request's
+    indices and compares them with the later requests' (``SCAN`` at a time) once, exits unless
+    the request writes (valid, and no later valid request names its slot), then copies its
+    layers ``LAYER_TILE`` at a time: one masked ``[LAYER_TILE, BLOCK]`` load, then its store.
+
+    Tensors as in ``_scatter_kernel``.
+    """
+    pid = tl.program_id(0)
+    chunks = tl.cdiv(entry_numel, BLOCK)
+    req = (pid // chunks).to(tl.int64)  # 64-bit: times an index stride of any size
+    e0 = (pid % chunks).to(tl.int64) * BLOCK  # the chunk's first element in the entry
+    # This request's indices, loaded here and not through ``_requests``: Triton's mutation
+    # analysis (Inductor's clones) would count every argument of a called function that the
+    # store addresses depend on as written.
+    step = tl.load(step_idx_ptr + req * step_idx_stride).to(tl.int64)
+    slot = tl.load(dst_idx_ptr + req * dst_idx_stride).to(tl.int64)
+    if HAS_SRC_INDICES:
+        row = tl.load(src_idx_ptr + req * src_idx_stride).to(tl.int64)
+    else:
+        row = req
+    valid = request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens)
+    # Last writer wins: a later valid request with the slot takes the write. The scan's loads
+    # do not depend on this request's indices, so they are in flight together with them.
+    later = tl.zeros([SCAN], dtype=tl.int32)
+    for j0 in range(req + 1, n_requests, SCAN):
+        cols = j0 + tl.arange(0, SCAN).to(tl.int64)
+        v_j, d_j, _, _ = _requests(cols, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests,
+                                   cache_size, spec_size, draft_tokens, dst_idx_stride,
+                                   step_idx_stride, src_idx_stride, HAS_SRC_INDICES)
+        later = later | (v_j & (d_j == slot)).to(tl.int32)
+    if (not valid) or (tl.max(later, axis=0) > 0):
+        return
+
+    # Offsets as index times a size or stride (int64 from the left), so the compiler sees them
+    # divisible as the size or stride is: 16-byte accesses.
+    src_layer = tl.cast(spec_size, tl.int64) * draft_tokens * entry_numel  # elements a layer
+    src_chunk = src_ptr + (row * draft_tokens + step) * entry_numel + e0
+    dst_chunk = dst_ptr + slot * dst_slot_stride + e0
+    offs = tl.arange(0, BLOCK)
+    in_entry = offs < tl.minimum(entry_numel - e0, BLOCK).to(tl.int32)
+    first = tl.program_id(1) * LAYERS_PER_PROGRAM
+    last = tl.minimum(first + LAYERS_PER_PROGRAM, num_layers)
+    for l0 in range(first, last, LAYER_TILE):
+        layers = l0 + tl.arange(0, LAYER_TILE)
+        mask = (layers < last)[:, None] & in_entry[None, :]
+        layers = layers.to(tl.int64)[:, None]
+        data = tl.load(src_chunk + layers * src_layer + offs[None, :], mask=mask)
+        tl.store(dst_chunk + layers * dst_layer_stride + offs[None, :], data, mask=mask)
+
+
 # The kernel a call launches, and each kernel's tuning. Why these values, with the numbers:
-# docs/design/mamba_state_scatter.md#grid and #tuning.
-# "per_chunk", the default: 4 KiB / 4 warps per program reached 0.94 of the copy bandwidth on
-#   the large SSM shape on the H200 (16 KiB: 0.91). The persistent kernel is 8-20x faster when
-#   most requests are invalid but 5-8% slower on full commits (it loads at 240 registers a
-#   thread on the H200, one program per SM), and Inductor clones the index tensors it reads.
+# docs/design/mamba_state_scatter.md#grid, #layer-loop and #tuning.
+# "layer_loop", the default: 4 KiB chunks (per_chunk's program size, 0.94 of the copy
+#   bandwidth on the H200), 12 layers a program, so a 36-layer model's request costs 3 programs
+#   a chunk, not 36, and one request still has ~6 MB in flight (128 chunks x 3 programs x a
+#   [4, 4 KiB] tile); 56-62 registers for sm_90 offline, 8 programs an SM.
+# "per_chunk": a program per (request, layer, 4 KiB chunk) / 4 warps: 0.94 of the copy
+#   bandwidth on a full commit, but ~190 µs for 64 requests of which 1 is valid.
 # "persistent": 32 KiB work items copied by 8 warps (the work shape of sglang's persistent
 #   state-tracking kernel); 3 programs per SM, all that would fit at the 80 registers ptxas
-#   gives it for sm_90 offline.
+#   gives it for sm_90 offline. It is 8-20x faster than per_chunk when most requests are
+#   invalid but 5-8% slower on full commits (it loads at 240 registers a thread on the H200,
+#   one program per SM), and Inductor clones the index tensors it reads.
 TUNING = {
-    "kernel": "per_chunk",
+    "kernel": "layer_loop",
     "persistent": {"chunk_bytes": 32768, "num_warps": 8, "programs_per_sm": 3},
     "per_chunk": {"block_bytes": 4096, "num_warps": 4},
+    "layer_loop": {"block_bytes": 4096, "num_warps": 4, "layers_per_program": 12,
+                   "layer_tile": 4},
 }
 # Requests read per block of the persistent kernel, and later requests compared per step
-# (a SCAN x TILE comparison of 64-bit slots; SCAN 64 costs 124 registers). The per-chunk
-# kernel compares SCAN_PER_CHUNK requests per step: one vector of loads, so up to 128
-# requests are one round trip (docs/design/mamba_state_scatter.md#kernel).
+# (a SCAN x TILE comparison of 64-bit slots; SCAN 64 costs 124 registers). The per-chunk and
+# layer-loop kernels compare SCAN_PER_CHUNK requests per step: one vector of loads, so up to
+# 128 requests are one round trip (docs/design/mamba_state_scatter.md#kernel).
 SCAN, TILE = 32, 32
 SCAN_PER_CHUNK = 128
 # Programs per SM times this when no GPU can be asked (tracing on a CPU-only machine): an
@@ -329,6 +417,27 @@ def _per_chunk_arguments(dst, src, dst_indices_raw, step_indices_raw, src_indice
     )
 
 
+def _layer_loop_arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
+                          block_bytes=TUNING["layer_loop"]["block_bytes"],
+                          layers_per_program=TUNING["layer_loop"]["layers_per_program"],
+                          layer_tile=TUNING["layer_loop"]["layer_tile"]):
+    """The grid and every parameter of ``_layer_loop_kernel``, in signature order."""
+    shape, dst_strides, src_shape = dst.shape, dst.stride(), src.shape
+    entry_numel = math.prod(shape[2:])
+    block = max(block_bytes // dst.element_size(), 16)
+    n_requests = step_indices_raw.shape[0]
+    src_idx = step_indices_raw if src_indices_raw is None else src_indices_raw
+    grid = (n_requests * ((entry_numel + block - 1) // block),
+            (shape[0] + layers_per_program - 1) // layers_per_program, 1)
+    return grid, (
+        dst, src, dst_indices_raw, step_indices_raw, src_idx,
+        n_requests, shape[0], shape[1], src_shape[1], src_shape[2], entry_numel,
+        dst_strides[0], dst_strides[1],
+        dst_indices_raw.stride()[0], step_indices_raw.stride()[0], src_idx.stride()[0],
+        src_indices_raw is not None, block, SCAN_PER_CHUNK, layers_per_program, layer_tile,
+    )
+
+
 # The launch paths of each kernel (strictops.ops._kernel_path): the op's body (also its fake)
 # validates in full and launches through ``kernel[grid]``; a plain eager call takes the
 # contract's cached verdict and the cached launcher (strictops.ops._launcher); the same rules
@@ -342,6 +451,9 @@ PATHS = {
     "per_chunk": KernelPath(_per_chunk_kernel, contract.CONTRACT, contract.ARGUMENTS,
                             _per_chunk_arguments, TUNING["per_chunk"]["num_warps"],
                             writes=("dst",), settings=((globals(), "TUNING"),)),
+    "layer_loop": KernelPath(_layer_loop_kernel, contract.CONTRACT, contract.ARGUMENTS,
+                             _layer_loop_arguments, TUNING["layer_loop"]["num_warps"],
+                             writes=("dst",), settings=((globals(), "TUNING"),)),
 }
 _HOSTS = {name: path.host.call for name, path in PATHS.items()}
 _PATH = PATHS["persistent"]

@@ -6,7 +6,8 @@ Index values: negative, just past each bound, INT32_MAX / INT32_MIN, int64 value
 duplicates; int32 and int64 index tensors, with and without src_indices_raw, strided index
 views. Every variant of the launch: state entries smaller than one program's block and spanning
 several blocks with a partial last one, a scalar state, 1-, 2- and 4-byte elements (different
-blocks), more requests than one step of the duplicate-slot scan, no requests, and a ``dst``
+blocks), more requests than one step of the duplicate-slot scan, no requests, layer counts that
+are not a multiple of the layer-loop kernel's group or tile, and a ``dst``
 whose slot stride skips entries (a view: the entries it skips must stay untouched). Every call
 must leave dst equal to the reference, and the sanitizer must report no out-of-bounds access.
 Every call runs with each kernel (``op.PATHS``).
@@ -72,14 +73,17 @@ def _random_indices(gen, n: int, cache: int, spec: int, draft: int):
 
 def _variants(gen) -> int:
     cases = 0
-    # (state shape, dtype, requests): entries below and above one block (4 KiB) and one
-    # persistent work item (32 KiB), a scalar state, 1/2/4-byte elements, more requests than
-    # one scan step (128), none at all.
-    for state, dtype, n in [((5, 1000), torch.float32, 40), ((3, 2000), torch.bfloat16, 40),
-                            ((9, 1000), torch.float32, 70),
-                            ((4097,), torch.int8, 40), ((), torch.float32, 300),
-                            ((7, 9), torch.bfloat16, 300), ((7, 9), torch.float32, 0)]:
-        layers, cache, spec, draft = 2, 9, max(n, 1), 3
+    # (state shape, dtype, requests, layers): entries below and above one block (4 KiB) and
+    # one persistent work item (32 KiB), a scalar state, 1/2/4-byte elements, more requests
+    # than one scan step (128), none at all; 13 and 37 layers: the layer-loop kernel's last
+    # group short and its last tile masked.
+    for state, dtype, n, layers in [((5, 1000), torch.float32, 40, 2),
+                                    ((3, 2000), torch.bfloat16, 40, 2),
+                                    ((9, 1000), torch.float32, 70, 13),
+                                    ((4097,), torch.int8, 40, 37), ((), torch.float32, 300, 2),
+                                    ((7, 9), torch.bfloat16, 300, 13),
+                                    ((7, 9), torch.float32, 0, 2)]:
+        cache, spec, draft = 9, max(n, 1), 3
         src = torch.randn(layers, spec, draft, *state, device="cuda", generator=gen)
         dst = torch.randn(layers, cache, *state, device="cuda", generator=gen)
         src, dst = src.to(dtype), dst.to(dtype)
@@ -95,7 +99,7 @@ def _variants(gen) -> int:
 
 def main() -> None:
     cases = 0
-    for kernel in op.PATHS:  # the default (persistent) kernel and the per-chunk one
+    for kernel in op.PATHS:
         op.TUNING["kernel"] = kernel
         gen = torch.Generator(device="cuda").manual_seed(0)
         cases += _rotations(gen) + _variants(gen)

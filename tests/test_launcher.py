@@ -362,15 +362,17 @@ def test_sparse_mla_eager_allocates_and_launches_its_outputs(recording_driver, m
         passed["max_logits"] is None and passed["lse"] is None)
 
 
-def test_mamba_scatter_eager_launch(recording_driver, monkeypatch):
+@pytest.mark.parametrize("kernel", ["persistent", "per_chunk", "layer_loop"])
+def test_mamba_scatter_eager_launch(recording_driver, kernel):
     from strictops.ops import mamba_state_scatter as mss
-    monkeypatch.setattr(mss, "_LAUNCHER", Launcher(mss._scatter_kernel))
+    path = mss.PATHS[kernel]
+    launcher = Launcher(path.jit_fn)
     dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
     slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
     call = (dst, src, slots, steps, None)
-    grid, args = mss._arguments(*call)
-    _eager_and_jit(lambda: mss._LAUNCHER(grid, args, mss._OPTIONS, 0),
-                   lambda: mss._launch(mss._scatter_kernel, *call))
+    grid, args = path.arguments(*call)
+    _eager_and_jit(lambda: launcher(grid, args, path.options, 0),
+                   lambda: path.launch(path.jit_fn, *call))
 
 
 @pytest.mark.parametrize("src_indices", [False, True])
@@ -612,18 +614,20 @@ def test_sparse_mla_plan_launches_what_the_python_path_launches(
 
 
 @_needs_host_path
+@pytest.mark.parametrize("kernel", ["persistent", "per_chunk", "layer_loop"])
 def test_mamba_scatter_plan_launches_what_the_python_path_launches(
-        recording_driver, host_recorder, monkeypatch):
+        recording_driver, host_recorder, monkeypatch, kernel):
     from strictops.ops import mamba_state_scatter as mss
     from strictops.ops._kernel_path import KernelPath
     from strictops.meta._contract import Contract
     # CPU tensors: a contract without rules stands in (the op's own tests cover its rules).
-    path = KernelPath(mss._scatter_kernel, Contract(mss.contract.CONTRACT.op, "stand_in", ()),
-                      mss.contract.ARGUMENTS, mss._arguments,
-                      mss.TUNING["persistent"]["num_warps"], writes=("dst",))
+    real = mss.PATHS[kernel]
+    path = KernelPath(real.jit_fn, Contract(mss.contract.CONTRACT.op, "stand_in", ()),
+                      mss.contract.ARGUMENTS, real.arguments, real.num_warps, writes=("dst",))
     monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
+    monkeypatch.setitem(mss.TUNING, "kernel", kernel)
     monkeypatch.setattr(mss, "_eager", path.eager)
-    monkeypatch.setitem(mss._HOSTS, mss.TUNING["kernel"], path.host.call)
+    monkeypatch.setitem(mss._HOSTS, kernel, path.host.call)
     dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
     slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
     version = dst._version

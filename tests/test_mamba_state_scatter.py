@@ -117,15 +117,22 @@ def _fill(dims: contract.Dims, values: dict, device: str, gen: torch.Generator) 
     return args
 
 
-KERNELS = tuple(op.PATHS)  # "persistent" (the default) and "per_chunk"
+KERNELS = tuple(op.PATHS)  # "persistent", "per_chunk" and "layer_loop" (the default)
 
 
 def _tunings(kernel: str):
     """Tunings of ``kernel`` that reach its edge cases on interpreter-sized calls: several
     chunks an entry, requests read and compared in blocks of 2 (the persistent kernel), one
-    program or a few doing many items."""
+    program or a few doing many items, layer groups and tiles that do not divide the layers
+    or each other (the layer-loop kernel)."""
     if kernel == "per_chunk":
         return st.sampled_from([{}, {"block_bytes": 16}, {"block_bytes": 64}])
+    if kernel == "layer_loop":
+        return st.fixed_dictionaries({
+            "block_bytes": st.sampled_from([16, 64, op.TUNING["layer_loop"]["block_bytes"]]),
+            "layers_per_program": st.sampled_from([1, 2, 3, 5, 36]),
+            "layer_tile": st.sampled_from([1, 2, 4]),
+        })
     return st.fixed_dictionaries({
         "chunk_bytes": st.sampled_from([16, 64, op.TUNING["persistent"]["chunk_bytes"]]),
         "programs": st.integers(1, 7),
@@ -211,10 +218,13 @@ def test_persistent_default_tuning_at_a_moderate_shape():
     assert torch.equal(args["dst"], expected)
 
 
-def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: bool) -> tuple:
-    """``(registers, spilled bytes, 16-byte loads)`` of a kernel compiled for sm_90 without a
-    GPU with its default tuning: pointers, entry size and strides marked multiples of 16, as
-    Triton's specialisation marks them in serving (``ptxas -v`` on its PTX)."""
+def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: bool,
+                    unit_index_strides: bool = False) -> tuple:
+    """``(registers, spilled bytes, 16-byte loads, 16-byte stores)`` of a kernel compiled for
+    sm_90 without a GPU with its default tuning: pointers, entry size and strides marked
+    multiples of 16, as Triton's specialisation marks them in serving (``ptxas -v`` on its
+    PTX); with ``unit_index_strides`` the index tensors' strides are the constant 1, as Triton
+    specialises contiguous index tensors."""
     import re
     import subprocess
     import tempfile
@@ -225,12 +235,17 @@ def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: 
 
     path = op.PATHS[kernel]
     fn, tuning = path.jit_fn, op.TUNING[kernel]
-    esize = {"fp32": 4, "bf16": 2}[dtype]
+    esize = {"fp32": 4, "bf16": 2, "i8": 1}[dtype]
     if kernel == "persistent":
         constexprs = {"CHUNK": tuning["chunk_bytes"] // esize, "SCAN": op.SCAN, "TILE": op.TILE}
     else:
         constexprs = {"BLOCK": tuning["block_bytes"] // esize, "SCAN": op.SCAN_PER_CHUNK}
+    if kernel == "layer_loop":
+        constexprs.update(LAYERS_PER_PROGRAM=tuning["layers_per_program"],
+                          LAYER_TILE=tuning["layer_tile"])
     constexprs["HAS_SRC_INDICES"] = has_src_indices
+    if unit_index_strides:
+        constexprs.update(dst_idx_stride=1, step_idx_stride=1, src_idx_stride=1)
     hinted = ("dst_ptr", "src_ptr", "dst_idx_ptr", "step_idx_ptr", "src_idx_ptr", "entry_numel",
               "dst_layer_stride", "dst_slot_stride")
     signature = {name: "constexpr" if name in constexprs else
@@ -240,7 +255,8 @@ def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: 
     source = triton.compiler.ASTSource(
         fn=fn, signature=signature,
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-        attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted})
+        attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted
+               if k not in constexprs})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": tuning["num_warps"]})
     with tempfile.TemporaryDirectory() as tmp:
@@ -250,7 +266,8 @@ def _sm90_registers(kernel: str, dtype: str, index_dtype: str, has_src_indices: 
                                f"{tmp}/k.cubin"], capture_output=True, text=True, check=True)
     registers = int(re.search(r"Used (\d+) registers", info.stderr).group(1))
     spilled = sum(map(int, re.findall(r"(\d+) bytes spill", info.stderr)))
-    return registers, spilled, compiled.asm["ptx"].count("ld.global.v4")
+    ptx = compiled.asm["ptx"]
+    return registers, spilled, ptx.count("ld.global.v4"), ptx.count("st.global.v4")
 
 
 @pytest.mark.parametrize("dtype, index_dtype, has_src_indices",
@@ -261,12 +278,77 @@ def test_persistent_kernel_fits_its_programs_per_sm_on_sm90(dtype, index_dtype,
     16-byte loads, and its registers let every program of its grid (``programs_per_sm`` of
     ``num_warps`` warps) be resident at once on a 64K-register SM; a program that is not
     would run its whole share after the others."""
-    registers, spilled, vector_loads = _sm90_registers("persistent", dtype, index_dtype,
-                                                       has_src_indices)
+    registers, spilled, vector_loads, _ = _sm90_registers("persistent", dtype, index_dtype,
+                                                          has_src_indices)
     tuning = op.TUNING["persistent"]
     per_warp = -(-registers * 32 // 256) * 256  # allocated per warp in 256-register units
     assert spilled == 0 and vector_loads > 0
     assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= 65536, registers
+
+
+# Registers of the layer-loop kernel at its default tuning, at most: 8 programs of 4 warps
+# share an SM (64 x 128 x 8 = 64K), each with one [4, 4 KiB] tile in flight. ptxas gives 56-62
+# for sm_90 (docs/design/mamba_state_scatter.md#layer-loop).
+LAYER_LOOP_MAX_REGISTERS = 64
+
+
+@pytest.mark.parametrize("unit_index_strides", [False, True])
+@pytest.mark.parametrize("dtype, index_dtype, has_src_indices",
+                         [("fp32", "i32", False), ("fp32", "i64", True), ("bf16", "i64", True),
+                          ("i8", "i32", False)])
+def test_layer_loop_kernel_copies_in_16_byte_vectors_without_spills_on_sm90(
+        dtype, index_dtype, has_src_indices, unit_index_strides):
+    """Without a GPU: the layer-loop kernel compiled for sm_90 spills nothing, keeps its
+    registers within ``LAYER_LOOP_MAX_REGISTERS``, and copies a whole ``[LAYER_TILE, BLOCK]``
+    tile per step with 16-byte loads and stores only (every thread's share of each layer's
+    chunk)."""
+    registers, spilled, vector_loads, vector_stores = _sm90_registers(
+        "layer_loop", dtype, index_dtype, has_src_indices, unit_index_strides)
+    tuning = op.TUNING["layer_loop"]
+    vectors = tuning["layer_tile"] * tuning["block_bytes"] // (16 * 32 * tuning["num_warps"])
+    assert spilled == 0 and registers <= LAYER_LOOP_MAX_REGISTERS, (registers, spilled)
+    assert vector_loads == vector_stores == vectors, (vector_loads, vector_stores)
+
+
+@pytest.mark.parametrize("reverse_programs", [False, True])
+@pytest.mark.parametrize("layers, layers_per_program, layer_tile",
+                         [(5, 2, 4), (5, 3, 2), (7, 12, 4), (7, 4, 4), (3, 1, 1), (37, 12, 4)])
+def test_layer_loop_layer_groups_and_tiles_that_do_not_divide(reverse_programs, layers,
+                                                              layers_per_program, layer_tile):
+    """Layer counts that are not a multiple of the group (the last group short), groups not a
+    multiple of the tile (the last tile of each group masked), a group wider than the model,
+    with duplicate slots and invalid requests: every layer written, none past the last, as the
+    reference."""
+    gen = torch.Generator().manual_seed(layers * 100 + layers_per_program * 10 + layer_tile)
+    n, cache = 9, 6
+    dst = torch.randn(layers, cache, 3, 8, generator=gen)
+    src = torch.randn(layers, n, 3, 3, 8, generator=gen)
+    slots = torch.tensor([0, 5, 2, 2, -1, 5, 3, 6, 1], dtype=torch.int32)
+    steps = torch.tensor([1, 2, 0, 2, 1, -1, 3, 0, 2])
+    expected = op.reference(dst, src, slots, steps)
+    op.launch_interpreted(dst, src, slots, steps, reverse_programs=reverse_programs,
+                          kernel="layer_loop", block_bytes=64,
+                          layers_per_program=layers_per_program, layer_tile=layer_tile)
+    assert torch.equal(dst, expected)
+    assert torch.equal(dst[:, 2], src[:, 3, 2]) and torch.equal(dst[:, 5], src[:, 1, 2])
+
+
+def test_layer_loop_default_tuning_at_a_moderate_shape():
+    """The default tuning (4 KiB chunks, 16-byte vectors, a group of 12 layers wider than the
+    model's 4, one tile of 4) on 48 requests with every kind of bad index and a duplicate
+    slot, in reverse program order: the reference's bits."""
+    args = op.example_inputs("cpu", False, torch.Generator().manual_seed(0))
+    expected = op.reference(**args)
+    op.launch_interpreted(**args, reverse_programs=True, kernel="layer_loop")
+    assert torch.equal(args["dst"], expected)
+
+
+def test_layer_loop_grid_is_requests_times_chunks_by_layer_groups():
+    dst, src = torch.randn(37, 8, 1000), torch.randn(37, 5, 2, 1000)
+    slots = torch.zeros(5, dtype=torch.int32)
+    grid, _ = op._layer_loop_arguments(dst, src, slots, slots, None, block_bytes=1024,
+                                       layers_per_program=12)
+    assert grid == (5 * 4, 4, 1)  # 4 chunks of 256 floats; layers 0-11, 12-23, 24-35, 36
 
 
 def test_kernel_variant_switches_the_kernel_for_a_block_only():
@@ -398,6 +480,15 @@ def test_gpu_large_entry_and_large_strides():
     assert torch.equal(dst[:, 2], src[:, 0, 0])
 
 
+def _assert_every_kernel_writes(expected, monkeypatch, dst, src, slots, steps) -> None:
+    """Each kernel's call on a copy of ``dst`` leaves ``expected``, bit for bit."""
+    for kernel in KERNELS:
+        monkeypatch.setitem(op.TUNING, "kernel", kernel)
+        out = dst.clone()
+        fused_mamba_state_scatter_with_mask(out, src, slots, steps)
+        assert torch.equal(out, expected), kernel
+
+
 def _many_requests(n: int, valid: int, cache: int, gen: torch.Generator):
     """Slots (int32, duplicates among them) and steps (int64) of ``n`` requests, ``valid`` of
     them valid, on the GPU."""
@@ -409,19 +500,15 @@ def _many_requests(n: int, valid: int, cache: int, gen: torch.Generator):
 
 @gpu
 @pytest.mark.parametrize("n, valid", [(64, 0), (64, 1), (64, 51), (300, 250)])
-def test_gpu_persistent_and_per_chunk_kernels_write_the_same_bits(monkeypatch, n, valid):
-    """Both kernels, at a model-like entry (128 KiB fp32, several chunks) and more requests than
+def test_gpu_every_kernel_writes_the_same_bits(monkeypatch, n, valid):
+    """Every kernel, at a model-like entry (128 KiB fp32, several chunks) and more requests than
     several blocks of ``SCAN`` with duplicate slots: the reference's bits, each."""
     gen = torch.Generator().manual_seed(n + valid)
     dst = torch.randn(3, 40, 8, 64, 64, generator=gen).cuda()
     src = torch.randn(3, n, 4, 8, 64, 64, generator=gen).cuda()
     slots, steps = _many_requests(n, valid, 40, gen)
-    expected = op.reference(dst, src, slots, steps)
-    for kernel in KERNELS:
-        monkeypatch.setitem(op.TUNING, "kernel", kernel)
-        out = dst.clone()
-        fused_mamba_state_scatter_with_mask(out, src, slots, steps)
-        assert torch.equal(out, expected), kernel
+    _assert_every_kernel_writes(op.reference(dst, src, slots, steps), monkeypatch, dst, src,
+                                slots, steps)
 
 
 @gpu
@@ -464,3 +551,44 @@ def test_gpu_persistent_programs_are_all_resident():
         per_warp = -(-kernel.n_regs * 32 // 256) * 256
         assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= regs_per_sm, (
             kernel.n_regs)
+
+
+@gpu
+@pytest.mark.parametrize("layers, valid", [(36, 51), (36, 1), (13, 40), (5, 0)])
+def test_gpu_every_kernel_equals_the_original_bit_for_bit(monkeypatch, sglang_mamba, layers,
+                                                          valid):
+    """Each kernel beside sglang's original at a model-like entry (128 KiB fp32) on 64 requests
+    with distinct slots (the original leaves duplicates to the order its programs run in):
+    a full commit, one valid request, layer counts that are not a multiple of the layer-loop
+    group, none valid."""
+    gen = torch.Generator(device="cuda").manual_seed(layers + valid)
+    dst = torch.randn(layers, 96, 8, 64, 64, device="cuda", generator=gen)
+    src = torch.randn(layers, 64, 4, 8, 64, 64, device="cuda", generator=gen)
+    slots = torch.randperm(96, device="cuda", generator=gen)[:64].to(torch.int32)
+    steps = torch.randint(0, 4, (64,), device="cuda", generator=gen)
+    steps[torch.randperm(64, device="cuda", generator=gen)[valid:]] = -1
+    theirs = dst.clone()
+    sglang_mamba.fused_mamba_state_scatter_with_mask(theirs, src, slots, steps)
+    _assert_every_kernel_writes(theirs, monkeypatch, dst, src, slots, steps)
+
+
+@gpu
+def test_gpu_layer_loop_kernel_loads_within_its_registers_without_spills():
+    """The layer-loop kernels as loaded on this GPU (each specialisation a call compiled) keep
+    the registers and the no-spill of the offline sm_90 check: 8 programs of 4 warps an SM."""
+    for dtype, index_dtype, with_rows in ((torch.float32, torch.int32, False),
+                                          (torch.bfloat16, torch.int64, True)):
+        args = op.example_inputs("cuda:0", False, torch.Generator().manual_seed(8))
+        args["dst"], args["src"] = args["dst"].to(dtype), args["src"].to(dtype)
+        args["dst_indices_raw"] = args["dst_indices_raw"].to(index_dtype)
+        if not with_rows:
+            args["src_indices_raw"] = None
+        with op.kernel_variant("layer_loop"):
+            fused_mamba_state_scatter_with_mask(**args)
+    torch.cuda.synchronize()
+    compiled = list(op._layer_loop_kernel.device_caches[torch.cuda.current_device()][0].values())
+    assert len(compiled) >= 2
+    for kernel in compiled:
+        kernel._init_handles()
+        assert kernel.n_spills == 0 and kernel.n_regs <= LAYER_LOOP_MAX_REGISTERS, (
+            kernel.n_regs, kernel.n_spills)
