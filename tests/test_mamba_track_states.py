@@ -104,8 +104,8 @@ def test_interpreted_kernel_equals_reference(data):
     d = data.draw(calls_of.dims(device="cpu"))
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
     args = calls_of.values(data.draw, d, "cpu", gen)
-    tuning = data.draw(st.sampled_from([{"chunk_bytes": 16, "block": 4},
-                                        {"chunk_bytes": 64, "block": 8}, {}]))
+    tuning = data.draw(st.sampled_from([{"chunk_bytes": 16, "block_bytes": 8},
+                                        {"chunk_bytes": 64, "block_bytes": 32}, {}]))
     expected = op.reference(**args)
     op.launch_interpreted(**args, reverse_programs=data.draw(st.booleans()),
                           programs=data.draw(st.integers(1, 9)), **tuning)
@@ -123,7 +123,7 @@ def test_duplicate_track_slots_last_tracked_row_wins(reverse_programs):
     want[0][:, 4], want[1][:, 4] = conv[:, 1], ssm[:, 1]
     want[0][:, 5], want[1][:, 5] = conv[:, 0], ssm[:, 0]
     op.launch_interpreted(conv, ssm, src, mask, dst, 4, reverse_programs=reverse_programs,
-                          programs=3, chunk_bytes=4, block=2)
+                          programs=3, chunk_bytes=8, block_bytes=4)
     assert torch.equal(conv, want[0]) and torch.equal(ssm, want[1])
 
 
