@@ -95,7 +95,8 @@ def _writers(r0, rows, tracked, src_ptr, mask_ptr, dst_ptr, batch_size, pool, sr
     later = tl.zeros([SCAN], dtype=tl.int32)
     for j0 in range(r0, batch_size, TILE):
         cols = j0 + tl.arange(0, TILE).to(tl.int64)
-        v_j, _, d_j = _slots(cols, _tracked(cols, mask_ptr, batch_size, mask_stride), src_ptr, dst_ptr, pool, src_stride, dst_stride)
+        t_j = _tracked(cols, mask_ptr, batch_size, mask_stride)
+        v_j, _, d_j = _slots(cols, t_j, src_ptr, dst_ptr, pool, src_stride, dst_stride)
         hit = (tl.where(v_j, d_j, -2)[:, None] == key[None, :]) & (cols[:, None] > rows[None, :])
         later = later | tl.max(hit.to(tl.int32), axis=0)
     return (valid & (later == 0)).to(tl.int32), src, dst
