@@ -243,9 +243,11 @@ def _forward(kernel, real_launch, conv, ssm, cache_indices, mask, track_indices,
              check_freed_slots):
     contract.validate(conv, ssm, cache_indices, mask, track_indices, batch_size,
                       check_freed_slots)
+    # A traced launch (torch.compile, export) carries no maxnreg: Inductor's launch of a user
+    # kernel takes its parameters and num_warps, so the cap is for real launches only.
     with on_device_of(conv, real_launch):
         _launch(kernel, _programs(conv, real_launch), conv, ssm, cache_indices, mask,
-                track_indices, batch_size)
+                track_indices, batch_size, maxnreg=TUNING["maxnreg"] if real_launch else None)
 
 
 # The eager path: the contract's verdict cached per metadata signature, the kernel launched

@@ -127,6 +127,77 @@ def test_duplicate_track_slots_last_tracked_row_wins(reverse_programs):
     assert torch.equal(conv, want[0]) and torch.equal(ssm, want[1])
 
 
+def _sm90_build(conv: str, ssm: str, index: str, mask: str, maxnreg) -> tuple:
+    """``(registers, spilled bytes, TTGIR, SASS lines)`` of the kernel compiled for sm_90
+    without a GPU, with the default tuning for ``conv`` / ``ssm`` element types: pointers,
+    entry sizes and strides marked multiples of 16, as Triton's specialisation marks them in
+    serving (``ptxas -v`` and ``cuobjdump -sass`` from the Triton wheel)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    fn, tuning = op._track_kernel, op.TUNING
+    size = {"bf16": 2, "fp32": 4}
+    blocks = {t: tuning["block_bytes"] // size[t] for t in (conv, ssm)}
+    constexprs = {"CONV_BLOCK": blocks[conv], "SSM_BLOCK": blocks[ssm],
+                  "CONV_CHUNK": max(blocks[conv], tuning["chunk_bytes"] // size[conv]),
+                  "SSM_CHUNK": max(blocks[ssm], tuning["chunk_bytes"] // size[ssm]),
+                  "SCAN": op.SCAN, "TILE": op.TILE}
+    pointers = {"conv_ptr": conv, "ssm_ptr": ssm, "src_ptr": index, "dst_ptr": index,
+                "mask_ptr": mask}
+    hinted = [*pointers, "conv_numel", "ssm_numel", "conv_layer_stride", "conv_slot_stride",
+              "ssm_layer_stride", "ssm_slot_stride"]
+    signature = {name: "constexpr" if name in constexprs else
+                 f"*{pointers[name]}" if name in pointers else "i32" for name in fn.arg_names}
+    source = triton.compiler.ASTSource(
+        fn=fn, signature=signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+        attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted})
+    options = {"num_warps": tuning["num_warps"]}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(compiled.asm["ptx"])
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o",
+                               f"{tmp}/k.cubin"], capture_output=True, text=True, check=True)
+        sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass",
+                               f"{tmp}/k.cubin"], capture_output=True, text=True,
+                              check=True).stdout
+    registers = int(re.search(r"Used (\d+) registers", info.stderr).group(1))
+    spilled = sum(map(int, re.findall(r"(\d+) bytes spill", info.stderr)))
+    lines = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
+    return registers, spilled, compiled.asm["ttgir"], lines
+
+
+@pytest.mark.parametrize("conv, ssm, index, mask", [("bf16", "fp32", "i32", "i1"),
+                                                    ("bf16", "fp32", "i64", "i64"),
+                                                    ("fp32", "bf16", "i64", "i32")])
+def test_kernel_on_sm90_keeps_its_programs_resident_and_copies_in_registers(conv, ssm, index,
+                                                                            mask):
+    """Without a GPU: compiled for sm_90 with the default tuning, every program of the grid
+    (``programs_per_sm`` of ``num_warps`` warps) fits on a 64K-register SM at once; the copies
+    use 16-byte accesses, go from load to store in registers (no layout change through shared
+    memory between them), and no spill lies between a chunk's first load and last store."""
+    import re
+
+    tuning = op.TUNING
+    registers, spilled, ttgir, sass = _sm90_build(conv, ssm, index, mask, tuning["maxnreg"])
+    per_warp = -(-registers * 32 // 256) * 256  # allocated per warp in 256-register units
+    assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= 65536, registers
+    assert not re.search(r"convert_layout .*tensor<\d{4,}x", ttgir)
+    copies = [i for i, line in enumerate(sass) if "LDG.E.128" in line or "STG.E.128" in line]
+    assert copies and spilled <= 64
+    assert not any(re.search(r"\b(LDL|STL)\b", line) for line in sass[copies[0]:copies[-1]])
+
+
 def _interpreted_original(args: dict, all_layers: bool):
     sgl = anchor_module("sgl_mamba")
     original = sgl.track_mamba_state_if_needed_kernel
