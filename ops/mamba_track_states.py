@@ -64,42 +64,38 @@ def _copy_chunk(base, src_slot_off, dst_slot_off, start, numel, CHUNK: tl.conste
 
 
 @triton.jit
-def _tracked(rows, mask_ptr, batch_size, mask_stride):
-    """Rows ``rows`` (int64; those past ``batch_size`` read nothing): whether each is tracked
-    (``mask != 0``, so a wide mask value is never truncated)."""
+def _rows(rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride, mask_stride,
+          dst_stride):
+    """Rows ``rows`` (int64; those past ``batch_size`` read nothing): whether each writes if no
+    later row takes its track slot (tracked, both slots in ``[0, pool)``), and its cache and
+    track slots (int64). The three reads are independent: one round trip."""
     in_batch = rows < batch_size
-    return in_batch & (tl.load(mask_ptr + rows * mask_stride, mask=in_batch, other=0) != 0)
-
-
-@triton.jit
-def _slots(rows, tracked, src_ptr, dst_ptr, pool, src_stride, dst_stride):
-    """Rows ``rows`` (int64; only ``tracked`` ones are read): whether each writes if no later
-    row takes its track slot (tracked, both slots in ``[0, pool)``), and its cache and track
-    slots (int64)."""
-    src = tl.load(src_ptr + rows * src_stride, mask=tracked, other=-1).to(tl.int64)
-    dst = tl.load(dst_ptr + rows * dst_stride, mask=tracked, other=-1).to(tl.int64)
-    valid = tracked & (src >= 0) & (src < pool) & (dst >= 0) & (dst < pool)
+    # != 0, not a cast: a wide mask value like 2**32 must not truncate to 0
+    tracked = tl.load(mask_ptr + rows * mask_stride, mask=in_batch, other=0) != 0
+    src = tl.load(src_ptr + rows * src_stride, mask=in_batch, other=-1).to(tl.int64)
+    dst = tl.load(dst_ptr + rows * dst_stride, mask=in_batch, other=-1).to(tl.int64)
+    valid = in_batch & tracked & (src >= 0) & (src < pool) & (dst >= 0) & (dst < pool)
     return valid, src, dst
 
 
 @triton.jit
-def _writers(r0, rows, tracked, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride,
-             mask_stride, dst_stride, SCAN: tl.constexpr, TILE: tl.constexpr):
-    """``[SCAN]`` int32: 1 where row ``rows[k]`` writes (valid, and no later valid row has its
-    track slot), plus the rows' cache and track slots (int64).
+def _writers(r0, rows, valid, dst, alone, src_ptr, mask_ptr, dst_ptr, batch_size, pool,
+             src_stride, mask_stride, dst_stride, SCAN: tl.constexpr, TILE: tl.constexpr):
+    """``[SCAN]`` int32: 1 where row ``rows[k]`` writes: ``valid``, and no later valid row has
+    its track slot ``dst``.
 
-    The rows from the block's first on are read ``TILE`` at a time (the block's own reads hit
-    L1 again) and compared with the block."""
-    valid, src, dst = _slots(rows, tracked, src_ptr, dst_ptr, pool, src_stride, dst_stride)
+    The rows from the block's first on (from the next block's first when the block holds one
+    valid row, ``alone``) are read ``TILE`` at a time and compared with the block; the block's
+    own rows hit L1 again."""
     key = tl.where(valid, dst, -1)  # -1: the row does not write (never equal to a later key)
     later = tl.zeros([SCAN], dtype=tl.int32)
-    for j0 in range(r0, batch_size, TILE):
+    for j0 in range(tl.where(alone, r0 + SCAN, r0), batch_size, TILE):
         cols = j0 + tl.arange(0, TILE).to(tl.int64)
-        t_j = _tracked(cols, mask_ptr, batch_size, mask_stride)
-        v_j, _, d_j = _slots(cols, t_j, src_ptr, dst_ptr, pool, src_stride, dst_stride)
+        v_j, _, d_j = _rows(cols, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride,
+                            mask_stride, dst_stride)
         hit = (tl.where(v_j, d_j, -2)[:, None] == key[None, :]) & (cols[:, None] > rows[None, :])
         later = later | tl.max(hit.to(tl.int32), axis=0)
-    return (valid & (later == 0)).to(tl.int32), src, dst
+    return (valid & (later == 0)).to(tl.int32)
 
 
 @triton.jit(do_not_specialize=["batch_size", "num_layers", "pool"])
@@ -132,9 +128,9 @@ def _track_kernel(
 
     Grid: ``(P,)`` for any ``P >= 1``. Work items are ``(writing row, layer, chunk)``, the
     chunk fastest; program ``p`` takes items ``p, p + P, ...``. Rows are read ``SCAN`` at a
-    time, the mask first: a block without a tracked row costs one mask read per program and
-    nothing else; in a block with one, every program finds the writing rows itself (no host
-    sync, no second launch).
+    time: a block without a tracked row with slots in range costs one read of the three index
+    tensors per program and nothing else; in a block with one, every program finds the
+    writing rows itself (no host sync, no second launch).
 
     conv_ptr / ssm_ptr: ``[num_layers, pool, conv_numel | ssm_numel]`` through their layer and
         slot strides; entries contiguous. Chunks of ``CONV_CHUNK`` / ``SSM_CHUNK`` elements,
@@ -151,11 +147,12 @@ def _track_kernel(
     phase = pid * 0  # (writers so far * per_row) % P: where the next writer's items start
     for r0 in range(0, batch_size, SCAN):
         rows = r0 + tl.arange(0, SCAN).to(tl.int64)  # 64-bit: times a stride of any size
-        tracked = _tracked(rows, mask_ptr, batch_size, mask_stride)
-        if tl.max(tracked.to(tl.int32), axis=0) > 0:
-            writes, src, dst = _writers(r0, rows, tracked, src_ptr, mask_ptr, dst_ptr,
-                                        batch_size, pool, src_stride, mask_stride, dst_stride,
-                                        SCAN, TILE)
+        valid, src, dst = _rows(rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride,
+                                mask_stride, dst_stride)
+        n_valid = tl.sum(valid.to(tl.int32), axis=0)
+        if n_valid > 0:
+            writes = _writers(r0, rows, valid, dst, n_valid == 1, src_ptr, mask_ptr, dst_ptr,
+                              batch_size, pool, src_stride, mask_stride, dst_stride, SCAN, TILE)
             rank = tl.where(writes != 0, tl.cumsum(writes, axis=0), 0)  # 1-based, 0: none
             for k in range(1, tl.sum(writes, axis=0) + 1):
                 # The writer's slots once; then its items that fall to this program.

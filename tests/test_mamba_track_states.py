@@ -127,6 +127,26 @@ def test_duplicate_track_slots_last_tracked_row_wins(reverse_programs):
     assert torch.equal(conv, want[0]) and torch.equal(ssm, want[1])
 
 
+@pytest.mark.parametrize("reverse_programs", [False, True])
+def test_lone_writer_of_a_block_loses_to_a_later_block(reverse_programs):
+    """The only valid row of the first 64-row block skips comparing within its block, never
+    with later blocks: row 66 takes row 3's track slot, row 5's slot is its own."""
+    n = op.SCAN + 6
+    conv, ssm = torch.randn(2, 12, 3), torch.randn(2, 12, 2, 2)
+    src = torch.zeros(n, dtype=torch.int64)
+    dst = torch.full((n,), 10, dtype=torch.int32)
+    mask = torch.zeros(n, dtype=torch.int64)
+    mask[[3, 5, op.SCAN + 2]] = 2**32  # a wide value: tracked
+    src[[3, 5, op.SCAN + 2]] = torch.tensor([1, 2, 4])
+    dst[5], dst[3] = 20, 8  # row 5: out of range, so row 3 is its block's only valid row
+    dst[op.SCAN + 2] = 8
+    want = (conv.clone(), ssm.clone())
+    want[0][:, 8], want[1][:, 8] = conv[:, 4], ssm[:, 4]
+    op.launch_interpreted(conv, ssm, src, mask, dst, n, reverse_programs=reverse_programs,
+                          programs=4, chunk_bytes=8, block_bytes=4)
+    assert torch.equal(conv, want[0]) and torch.equal(ssm, want[1])
+
+
 def _sm90_build(conv: str, ssm: str, index: str, mask: str, maxnreg) -> tuple:
     """``(registers, spilled bytes, TTGIR, SASS lines)`` of the kernel compiled for sm_90
     without a GPU, with the default tuning for ``conv`` / ``ssm`` element types: pointers,
