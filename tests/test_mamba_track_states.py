@@ -305,6 +305,26 @@ def test_gpu_bit_equal_to_the_original_at_model_shapes(all_layers):
 
 
 @gpu
+@pytest.mark.parametrize("tuning", [{}, {"maxnreg": None}, {"block_bytes": 16384},
+                                    {"chunk_bytes": 16384, "block_bytes": 16384},
+                                    {"chunk_bytes": 256, "block_bytes": 64}])
+@pytest.mark.parametrize("programs", [1, 264, 528])
+def test_gpu_tuning_variants_equal_reference(tuning, programs):
+    """The tunings the benchmark A/Bs (and a small-chunk one) give the reference's bits on
+    64 rows with out-of-range and duplicate track slots, for any program count."""
+    gen = torch.Generator().manual_seed(programs)
+    args = op.example_inputs("cuda", False, gen)
+    n = args["cache_indices"].shape[0]
+    args["mamba_track_indices"][n - 1] = args["mamba_track_indices"][2 * n // 3]
+    expected = op.reference(**args)
+    op._launch(op._track_kernel, programs, args["conv_states_pool"], args["ssm_states_pool"],
+               args["cache_indices"], args["mamba_track_mask"], args["mamba_track_indices"],
+               args["batch_size"], **tuning)
+    assert torch.equal(args["conv_states_pool"], expected[0])
+    assert torch.equal(args["ssm_states_pool"], expected[1])
+
+
+@gpu
 @settings(SETTINGS, max_examples=20)
 @given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
 def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
