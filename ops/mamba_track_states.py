@@ -64,6 +64,12 @@ def _copy_chunk(base, src_slot_off, dst_slot_off, start, numel, CHUNK: tl.conste
 
 
 @triton.jit
+def _sum_pair(a0, b0, a1, b1):
+    """Sums two reductions at once (one pass through shared memory, not two)."""
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
 def _rows(rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride, mask_stride,
           dst_stride):
     """Rows ``rows`` (int64; those past ``batch_size`` read nothing): whether each writes if no
@@ -155,9 +161,10 @@ def _track_kernel(
                               batch_size, pool, src_stride, mask_stride, dst_stride, SCAN, TILE)
             rank = tl.where(writes != 0, tl.cumsum(writes, axis=0), 0)  # 1-based, 0: none
             for k in range(1, tl.sum(writes, axis=0) + 1):
-                # The writer's slots once; then its items that fall to this program.
-                s = tl.sum(tl.where(rank == k, src, 0), axis=0)
-                d = tl.sum(tl.where(rank == k, dst, 0), axis=0)
+                # The writer's slots once (one paired reduction); then its items that fall
+                # to this program.
+                s, d = tl.reduce((tl.where(rank == k, src, 0), tl.where(rank == k, dst, 0)), 0,
+                                 _sum_pair)
                 for j in range((pid - phase + programs) % programs, per_row, programs):
                     layer = j // chunks
                     chunk = j - layer * chunks
