@@ -79,8 +79,18 @@ def median_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_
 
 
 def graph_replay_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS,
-                    flush_l2: bool = True) -> float:
-    """Median device time of one replay of ``fn`` captured in a CUDA graph."""
+                    flush_l2: bool = True, calls: int = 1) -> float:
+    """Median device time of one replay of ``fn`` captured in a CUDA graph, per call of ``fn``.
+
+    ``calls``: how many calls of ``fn`` the graph holds, back to back; the result is the
+    replay's time over ``calls``. One call per graph times the graph launch and the kernel's
+    ramp-up with it (a trivial kernel takes ~4.5 us so on an H200), which hides differences of
+    a few microseconds between launch-bound kernels; with 20 calls per graph each kernel starts
+    as the one before it ends, as in a serving step's graph, and the graph's own launch is
+    spread over them. ``flush_l2``: a 256 MB fill before every replay, so the graph's first
+    call starts cold and the others see what the calls before them left in L2 (steady state
+    for them); without it, every call is steady state.
+    """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -88,8 +98,9 @@ def graph_replay_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int 
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return median_us(graph.replay, warmup, rep, flush_l2)
+        for _ in range(calls):
+            fn()
+    return median_us(graph.replay, warmup, rep, flush_l2) / calls
 
 
 def wall_us(fn: Callable[[], object], calls: int = 1000, windows: int = 11) -> tuple[float, float]:

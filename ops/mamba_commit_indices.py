@@ -106,16 +106,17 @@ NUM_WARPS = 4
 
 
 def _arguments(accept_index, accept_lens, seq_lens, draft_token_num, mamba_track_interval,
-               last_correct, steps_to_track):
-    """The grid and every kernel parameter, in signature order, of a call on validated inputs."""
+               last_correct, steps_to_track, block=BLOCK):
+    """The grid and every kernel parameter, in signature order, of a call on validated inputs
+    (``block``: requests per program, a power of two)."""
     batch = accept_lens.shape[0]
     track = seq_lens is not None
     lens_src = seq_lens if track else accept_lens
-    return ((batch + BLOCK - 1) // BLOCK, 1, 1), (
+    return ((batch + block - 1) // block, 1, 1), (
         accept_index, accept_lens, lens_src, last_correct, steps_to_track,
         batch, accept_index.shape[1], draft_token_num, mamba_track_interval if track else 1,
         accept_index.stride(0), accept_index.stride(1), accept_lens.stride(0),
-        lens_src.stride(0), track, BLOCK,
+        lens_src.stride(0), track, block,
     )
 
 
@@ -127,14 +128,14 @@ def _allocate(accept_lens, seq_lens):
 
 
 def _run(kernel, real_launch, accept_index, accept_lens, seq_lens, draft_token_num,
-         mamba_track_interval):
+         mamba_track_interval, block=BLOCK, num_warps=NUM_WARPS):
     """Allocate both results and launch ``kernel`` (a JIT, wrapped or interpreted one)."""
     results = _allocate(accept_lens, seq_lens)
     grid, args = _arguments(accept_index, accept_lens, seq_lens, draft_token_num,
-                            mamba_track_interval, *results)
+                            mamba_track_interval, *results, block=block)
     runtime, constexprs = keyword_constexprs(_commit_kernel, args)
     with on_device_of(accept_lens, real_launch):
-        kernel[grid](*runtime, **constexprs, num_warps=NUM_WARPS)
+        kernel[grid](*runtime, **constexprs, num_warps=num_warps)
     return results
 
 
@@ -227,12 +228,12 @@ def fused_commit_track_indices(
 
 
 def launch_interpreted(accept_index, accept_lens, seq_lens, draft_token_num,
-                       mamba_track_interval, reverse_programs=False):
-    """Run the kernel through the Triton interpreter on CPU tensors (tests, self-check);
-    returns what the op returns."""
+                       mamba_track_interval, reverse_programs=False, block=BLOCK):
+    """Run the kernel through the Triton interpreter on CPU tensors (tests, self-check), with
+    ``block`` requests per program; returns what the op returns."""
     with interpreted(_commit_kernel, reverse_programs) as kernel:
         last_correct, steps_to_track = _run(kernel, False, accept_index, accept_lens, seq_lens,
-                                            draft_token_num, mamba_track_interval)
+                                            draft_token_num, mamba_track_interval, block)
     return last_correct, (steps_to_track if seq_lens is not None else None)
 
 

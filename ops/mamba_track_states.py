@@ -64,29 +64,44 @@ def _copy_chunk(base, src_slot_off, dst_slot_off, start, numel, CHUNK: tl.conste
 
 
 @triton.jit
-def _writers(r0, rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride, mask_stride,
-             dst_stride, SCAN: tl.constexpr, TILE: tl.constexpr):
-    """``[SCAN]`` int32: 1 where row ``rows[k]`` writes (tracked, slots in range, no later
-    writing row with its track slot), plus the rows' cache and track slots (int64)."""
+def _sum_pair(a0, b0, a1, b1):
+    """Sums two reductions at once (one pass through shared memory, not two)."""
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
+def _rows(rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride, mask_stride,
+          dst_stride):
+    """Rows ``rows`` (int64; those past ``batch_size`` read nothing): whether each writes if no
+    later row takes its track slot (tracked, both slots in ``[0, pool)``), and its cache and
+    track slots (int64). The three reads are independent: one round trip."""
     in_batch = rows < batch_size
-    track = tl.load(mask_ptr + rows * mask_stride, mask=in_batch, other=0) != 0
+    # != 0, not a cast: a wide mask value like 2**32 must not truncate to 0
+    tracked = tl.load(mask_ptr + rows * mask_stride, mask=in_batch, other=0) != 0
     src = tl.load(src_ptr + rows * src_stride, mask=in_batch, other=-1).to(tl.int64)
     dst = tl.load(dst_ptr + rows * dst_stride, mask=in_batch, other=-1).to(tl.int64)
-    valid = in_batch & track & (src >= 0) & (src < pool) & (dst >= 0) & (dst < pool)
+    valid = in_batch & tracked & (src >= 0) & (src < pool) & (dst >= 0) & (dst < pool)
+    return valid, src, dst
+
+
+@triton.jit
+def _writers(r0, rows, valid, dst, alone, src_ptr, mask_ptr, dst_ptr, batch_size, pool,
+             src_stride, mask_stride, dst_stride, SCAN: tl.constexpr, TILE: tl.constexpr):
+    """``[SCAN]`` int32: 1 where row ``rows[k]`` writes: ``valid``, and no later valid row has
+    its track slot ``dst``.
+
+    The rows from the block's first on (from the next block's first when the block holds one
+    valid row, ``alone``) are read ``TILE`` at a time and compared with the block; the block's
+    own rows hit L1 again."""
     key = tl.where(valid, dst, -1)  # -1: the row does not write (never equal to a later key)
     later = tl.zeros([SCAN], dtype=tl.int32)
-    if tl.max(valid.to(tl.int32), axis=0) > 0:  # no writer here: nothing to compare
-        for j0 in range(r0, batch_size, TILE):
-            cols = j0 + tl.arange(0, TILE).to(tl.int64)
-            in_j = cols < batch_size
-            t_j = tl.load(mask_ptr + cols * mask_stride, mask=in_j, other=0) != 0
-            s_j = tl.load(src_ptr + cols * src_stride, mask=in_j, other=-1).to(tl.int64)
-            d_j = tl.load(dst_ptr + cols * dst_stride, mask=in_j, other=-1).to(tl.int64)
-            v_j = in_j & t_j & (s_j >= 0) & (s_j < pool) & (d_j >= 0) & (d_j < pool)
-            key_j = tl.where(v_j, d_j, -2)
-            same = (key[:, None] == key_j[None, :]) & (cols[None, :] > rows[:, None])
-            later = later | tl.max(same.to(tl.int32), axis=1)
-    return (valid & (later == 0)).to(tl.int32), src, dst
+    for j0 in range(tl.where(alone, r0 + SCAN, r0), batch_size, TILE):
+        cols = j0 + tl.arange(0, TILE).to(tl.int64)
+        v_j, _, d_j = _rows(cols, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride,
+                            mask_stride, dst_stride)
+        hit = (tl.where(v_j, d_j, -2)[:, None] == key[None, :]) & (cols[:, None] > rows[None, :])
+        later = later | tl.max(hit.to(tl.int32), axis=0)
+    return (valid & (later == 0)).to(tl.int32)
 
 
 @triton.jit(do_not_specialize=["batch_size", "num_layers", "pool"])
@@ -110,60 +125,69 @@ def _track_kernel(
     dst_stride,
     CONV_CHUNK: tl.constexpr,
     SSM_CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
+    CONV_BLOCK: tl.constexpr,
+    SSM_BLOCK: tl.constexpr,
     SCAN: tl.constexpr,
     TILE: tl.constexpr,
 ):
     """Persistent copy of every writing row's entries, all layers.
 
-    Grid: ``(P,)`` for any ``P >= 1``. Work items are ``(writing row, layer, chunk)``; program
-    ``p`` takes items ``p, p + P, ...``. Rows are read ``SCAN`` at a time: every program finds
-    the writing rows of a block itself (no host sync, no second launch), so a step with no
-    tracked row costs one read of the index tensors per program.
+    Grid: ``(P,)`` for any ``P >= 1``. Work items are ``(writing row, layer, chunk)``, the
+    chunk fastest; program ``p`` takes items ``p, p + P, ...``. Rows are read ``SCAN`` at a
+    time: a block without a tracked row with slots in range costs one read of the three index
+    tensors per program and nothing else; in a block with one, every program finds the
+    writing rows itself (no host sync, no second launch).
 
     conv_ptr / ssm_ptr: ``[num_layers, pool, conv_numel | ssm_numel]`` through their layer and
         slot strides; entries contiguous. Chunks of ``CONV_CHUNK`` / ``SSM_CHUNK`` elements,
-        each copied in ``BLOCK``-element steps.
+        each copied in ``CONV_BLOCK`` / ``SSM_BLOCK``-element steps.
     src_ptr / mask_ptr / dst_ptr: ``[>= batch_size]`` any stride.
     """
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     conv_chunks = tl.cdiv(conv_numel, CONV_CHUNK)
     chunks = conv_chunks + tl.cdiv(ssm_numel, SSM_CHUNK)
-    per_row = chunks.to(tl.int64) * num_layers
-    done = tl.zeros([], dtype=tl.int64)  # writing rows in earlier blocks
+    # A row's items in 32-bit arithmetic: layers times an entry's chunks, at most the pools'
+    # bytes over the chunk bytes plus the layer count, far below 2**31 for pools in memory.
+    per_row = chunks * num_layers
+    phase = pid * 0  # (writers so far * per_row) % P: where the next writer's items start
     for r0 in range(0, batch_size, SCAN):
         rows = r0 + tl.arange(0, SCAN).to(tl.int64)  # 64-bit: times a stride of any size
-        writes, src, dst = _writers(r0, rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool,
-                                    src_stride, mask_stride, dst_stride, SCAN, TILE)
-        rank = tl.cumsum(writes, axis=0)  # 1-based among this block's writers
-        count = tl.sum(writes, axis=0)
-        first = done * per_row
-        start = first + (pid + programs - first % programs) % programs
-        for item in range(start, (done + count) * per_row, programs):
-            k = item // per_row  # 0-based among all writers
-            rem = item - k * per_row
-            layer = rem // chunks
-            chunk = rem - layer * chunks
-            pick = (rank == k - done + 1) & (writes != 0)
-            s = tl.sum(tl.where(pick, src, 0), axis=0)
-            d = tl.sum(tl.where(pick, dst, 0), axis=0)
-            if chunk < conv_chunks:
-                _copy_chunk(conv_ptr + layer * conv_layer_stride, s * conv_slot_stride,
-                            d * conv_slot_stride, chunk * CONV_CHUNK, conv_numel, CONV_CHUNK,
-                            BLOCK)
-            else:
-                _copy_chunk(ssm_ptr + layer * ssm_layer_stride, s * ssm_slot_stride,
-                            d * ssm_slot_stride, (chunk - conv_chunks) * SSM_CHUNK, ssm_numel,
-                            SSM_CHUNK, BLOCK)
-        done += count
+        valid, src, dst = _rows(rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride,
+                                mask_stride, dst_stride)
+        n_valid = tl.sum(valid.to(tl.int32), axis=0)
+        if n_valid > 0:
+            writes = _writers(r0, rows, valid, dst, n_valid == 1, src_ptr, mask_ptr, dst_ptr,
+                              batch_size, pool, src_stride, mask_stride, dst_stride, SCAN, TILE)
+            rank = tl.where(writes != 0, tl.cumsum(writes, axis=0), 0)  # 1-based, 0: none
+            for k in range(1, tl.sum(writes, axis=0) + 1):
+                # The writer's slots once (one paired reduction); then its items that fall
+                # to this program.
+                s, d = tl.reduce((tl.where(rank == k, src, 0), tl.where(rank == k, dst, 0)), 0,
+                                 _sum_pair)
+                for j in range((pid - phase + programs) % programs, per_row, programs):
+                    layer = j // chunks
+                    chunk = j - layer * chunks
+                    layer = layer.to(tl.int64)
+                    if chunk < conv_chunks:
+                        _copy_chunk(conv_ptr + layer * conv_layer_stride, s * conv_slot_stride,
+                                    d * conv_slot_stride, chunk * CONV_CHUNK, conv_numel,
+                                    CONV_CHUNK, CONV_BLOCK)
+                    else:
+                        _copy_chunk(ssm_ptr + layer * ssm_layer_stride, s * ssm_slot_stride,
+                                    d * ssm_slot_stride, (chunk - conv_chunks) * SSM_CHUNK,
+                                    ssm_numel, SSM_CHUNK, SSM_BLOCK)
+                phase = (phase + per_row % programs) % programs
 
 
-# The original's work shape, which the benchmark holds against it: 32 KiB chunks copied in
-# 8192-element steps by 8 warps, 4 programs per SM. Rows are taken 64 at a time and compared
-# with later rows 32 at a time: a 64 x 64 comparison tile costs ~100 more registers per thread
-# (ptxas, sm_90), a 64 x 16 one twice the load rounds. See docs/design/mamba_track_states.md.
-TUNING = {"chunk_bytes": 32768, "block": 8192, "num_warps": 8, "programs_per_sm": 4}
+# 32 KiB work items (the original's), each copied in one step of 32 KiB by 8 warps, 4
+# programs per SM. Steps sized in bytes give the two pools' copies tensors of different lengths
+# when their element sizes differ: Triton then lays each copy out on its own, with no shuffle
+# through shared memory between load and store. ``maxnreg`` 64 keeps all four programs resident
+# (ptxas, sm_90: 116-127 registers uncapped; at 64 the spills lie outside the copy loop).
+# See docs/design/mamba_track_states.md#registers-and-residency.
+TUNING = {"chunk_bytes": 32768, "block_bytes": 32768, "num_warps": 8, "programs_per_sm": 4,
+          "maxnreg": 64}
 SCAN = 64
 TILE = 32
 # Programs when no GPU can be asked (tracing on a CPU-only machine): an H200's 132 SMs. The
@@ -182,13 +206,15 @@ def _programs(t: torch.Tensor, real_launch: bool) -> int:
 
 
 def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
-               chunk_bytes=TUNING["chunk_bytes"], block=TUNING["block"]):
+               chunk_bytes=TUNING["chunk_bytes"], block_bytes=TUNING["block_bytes"]):
     """The grid and every kernel parameter, in signature order, of a call on validated inputs
     (``torch.sym_min``: sizes may be symbolic)."""
     conv_shape, ssm_shape = conv.shape, ssm.shape
     conv_numel, ssm_numel = math.prod(conv_shape[2:]), math.prod(ssm_shape[2:])
-    conv_chunk = max(block, chunk_bytes // conv.element_size())
-    ssm_chunk = max(block, chunk_bytes // ssm.element_size())
+    conv_block = max(1, block_bytes // conv.element_size())
+    ssm_block = max(1, block_bytes // ssm.element_size())
+    conv_chunk = max(conv_block, chunk_bytes // conv.element_size())
+    ssm_chunk = max(ssm_block, chunk_bytes // ssm.element_size())
     items = batch_size * conv_shape[0] * (
         (conv_numel + conv_chunk - 1) // conv_chunk + (ssm_numel + ssm_chunk - 1) // ssm_chunk)
     conv_strides, ssm_strides = conv.stride(), ssm.stride()
@@ -198,34 +224,41 @@ def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_si
         conv_numel, ssm_numel,
         conv_strides[0], conv_strides[1], ssm_strides[0], ssm_strides[1],
         cache_indices.stride(0), mask.stride(0), track_indices.stride(0),
-        conv_chunk, ssm_chunk, block, SCAN, TILE,
+        conv_chunk, ssm_chunk, conv_block, ssm_block, SCAN, TILE,
     )
 
 
+def _options(num_warps=TUNING["num_warps"], maxnreg=TUNING["maxnreg"]) -> tuple:
+    """The launch options: ``num_warps``, and ``maxnreg`` unless it is None."""
+    return (("num_warps", num_warps),) + ((("maxnreg", maxnreg),) if maxnreg else ())
+
+
 def _launch(kernel, programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
-            chunk_bytes=TUNING["chunk_bytes"], block=TUNING["block"],
-            num_warps=TUNING["num_warps"]):
+            chunk_bytes=TUNING["chunk_bytes"], block_bytes=TUNING["block_bytes"],
+            num_warps=TUNING["num_warps"], maxnreg=TUNING["maxnreg"]):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     grid, args = _arguments(programs, conv, ssm, cache_indices, mask, track_indices,
-                            batch_size, chunk_bytes, block)
+                            batch_size, chunk_bytes, block_bytes)
     runtime, constexprs = keyword_constexprs(_track_kernel, args)
-    kernel[grid](*runtime, **constexprs, num_warps=num_warps)
+    kernel[grid](*runtime, **constexprs, **dict(_options(num_warps, maxnreg)))
 
 
 def _forward(kernel, real_launch, conv, ssm, cache_indices, mask, track_indices, batch_size,
              check_freed_slots):
     contract.validate(conv, ssm, cache_indices, mask, track_indices, batch_size,
                       check_freed_slots)
+    # A traced launch (torch.compile, export) carries no maxnreg: Inductor's launch of a user
+    # kernel takes its parameters and num_warps, so the cap is for real launches only.
     with on_device_of(conv, real_launch):
         _launch(kernel, _programs(conv, real_launch), conv, ssm, cache_indices, mask,
-                track_indices, batch_size)
+                track_indices, batch_size, maxnreg=TUNING["maxnreg"] if real_launch else None)
 
 
 # The eager path: the contract's verdict cached per metadata signature, the kernel launched
 # through its cached launcher (strictops.ops._launcher); the same rules and the same launch.
 _VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
 _LAUNCHER = Launcher(_track_kernel)
-_OPTIONS = (("num_warps", TUNING["num_warps"]),)
+_OPTIONS = _options()
 
 
 def _eager(conv, ssm, cache_indices, mask, track_indices, batch_size, check_freed_slots):

@@ -88,7 +88,8 @@ def _equal(got, want) -> bool:
 def test_interpreted_kernel_equals_reference(data):
     d = data.draw(calls_of.dims(device="cpu"))
     args = calls_of.values(data.draw, d, "cpu")
-    got = op.launch_interpreted(**args, reverse_programs=data.draw(st.booleans()))
+    got = op.launch_interpreted(**args, reverse_programs=data.draw(st.booleans()),
+                                block=data.draw(st.sampled_from([1, 4, op.BLOCK])))
     assert _equal(got, op.reference(**args))
 
 

@@ -104,8 +104,8 @@ def test_interpreted_kernel_equals_reference(data):
     d = data.draw(calls_of.dims(device="cpu"))
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
     args = calls_of.values(data.draw, d, "cpu", gen)
-    tuning = data.draw(st.sampled_from([{"chunk_bytes": 16, "block": 4},
-                                        {"chunk_bytes": 64, "block": 8}, {}]))
+    tuning = data.draw(st.sampled_from([{"chunk_bytes": 16, "block_bytes": 8},
+                                        {"chunk_bytes": 64, "block_bytes": 32}, {}]))
     expected = op.reference(**args)
     op.launch_interpreted(**args, reverse_programs=data.draw(st.booleans()),
                           programs=data.draw(st.integers(1, 9)), **tuning)
@@ -123,8 +123,99 @@ def test_duplicate_track_slots_last_tracked_row_wins(reverse_programs):
     want[0][:, 4], want[1][:, 4] = conv[:, 1], ssm[:, 1]
     want[0][:, 5], want[1][:, 5] = conv[:, 0], ssm[:, 0]
     op.launch_interpreted(conv, ssm, src, mask, dst, 4, reverse_programs=reverse_programs,
-                          programs=3, chunk_bytes=4, block=2)
+                          programs=3, chunk_bytes=8, block_bytes=4)
     assert torch.equal(conv, want[0]) and torch.equal(ssm, want[1])
+
+
+@pytest.mark.parametrize("reverse_programs", [False, True])
+def test_lone_writer_of_a_block_loses_to_a_later_block(reverse_programs):
+    """The only valid row of the first 64-row block skips comparing within its block, never
+    with later blocks: row 66 takes row 3's track slot, row 5's slot is its own."""
+    n = op.SCAN + 6
+    conv, ssm = torch.randn(2, 12, 3), torch.randn(2, 12, 2, 2)
+    src = torch.zeros(n, dtype=torch.int64)
+    dst = torch.full((n,), 10, dtype=torch.int32)
+    mask = torch.zeros(n, dtype=torch.int64)
+    mask[[3, 5, op.SCAN + 2]] = 2**32  # a wide value: tracked
+    src[[3, 5, op.SCAN + 2]] = torch.tensor([1, 2, 4])
+    dst[5], dst[3] = 20, 8  # row 5: out of range, so row 3 is its block's only valid row
+    dst[op.SCAN + 2] = 8
+    want = (conv.clone(), ssm.clone())
+    want[0][:, 8], want[1][:, 8] = conv[:, 4], ssm[:, 4]
+    op.launch_interpreted(conv, ssm, src, mask, dst, n, reverse_programs=reverse_programs,
+                          programs=4, chunk_bytes=8, block_bytes=4)
+    assert torch.equal(conv, want[0]) and torch.equal(ssm, want[1])
+
+
+def _sm90_build(conv: str, ssm: str, index: str, mask: str, maxnreg) -> tuple:
+    """``(registers, spilled bytes, TTGIR, SASS lines)`` of the kernel compiled for sm_90
+    without a GPU, with the default tuning for ``conv`` / ``ssm`` element types: pointers,
+    entry sizes and strides marked multiples of 16, as Triton's specialisation marks them in
+    serving (``ptxas -v`` and ``cuobjdump -sass`` from the Triton wheel)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    fn, tuning = op._track_kernel, op.TUNING
+    size = {"bf16": 2, "fp32": 4}
+    blocks = {t: tuning["block_bytes"] // size[t] for t in (conv, ssm)}
+    constexprs = {"CONV_BLOCK": blocks[conv], "SSM_BLOCK": blocks[ssm],
+                  "CONV_CHUNK": max(blocks[conv], tuning["chunk_bytes"] // size[conv]),
+                  "SSM_CHUNK": max(blocks[ssm], tuning["chunk_bytes"] // size[ssm]),
+                  "SCAN": op.SCAN, "TILE": op.TILE}
+    pointers = {"conv_ptr": conv, "ssm_ptr": ssm, "src_ptr": index, "dst_ptr": index,
+                "mask_ptr": mask}
+    hinted = [*pointers, "conv_numel", "ssm_numel", "conv_layer_stride", "conv_slot_stride",
+              "ssm_layer_stride", "ssm_slot_stride"]
+    signature = {name: "constexpr" if name in constexprs else
+                 f"*{pointers[name]}" if name in pointers else "i32" for name in fn.arg_names}
+    source = triton.compiler.ASTSource(
+        fn=fn, signature=signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+        attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted})
+    options = {"num_warps": tuning["num_warps"]}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(compiled.asm["ptx"])
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o",
+                               f"{tmp}/k.cubin"], capture_output=True, text=True, check=True)
+        sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass",
+                               f"{tmp}/k.cubin"], capture_output=True, text=True,
+                              check=True).stdout
+    registers = int(re.search(r"Used (\d+) registers", info.stderr).group(1))
+    spilled = sum(map(int, re.findall(r"(\d+) bytes spill", info.stderr)))
+    lines = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
+    return registers, spilled, compiled.asm["ttgir"], lines
+
+
+@pytest.mark.parametrize("conv, ssm, index, mask", [("bf16", "fp32", "i32", "i1"),
+                                                    ("bf16", "fp32", "i64", "i64"),
+                                                    ("fp32", "bf16", "i64", "i32")])
+def test_kernel_on_sm90_keeps_its_programs_resident_and_copies_in_registers(conv, ssm, index,
+                                                                            mask):
+    """Without a GPU: compiled for sm_90 with the default tuning, every program of the grid
+    (``programs_per_sm`` of ``num_warps`` warps) fits on a 64K-register SM at once; the copies
+    use 16-byte accesses, go from load to store in registers (no layout change through shared
+    memory between them), and no spill lies between a chunk's first load and last store."""
+    import re
+
+    tuning = op.TUNING
+    registers, spilled, ttgir, sass = _sm90_build(conv, ssm, index, mask, tuning["maxnreg"])
+    per_warp = -(-registers * 32 // 256) * 256  # allocated per warp in 256-register units
+    assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= 65536, registers
+    assert not re.search(r"convert_layout .*tensor<\d{4,}x", ttgir)
+    copies = [i for i, line in enumerate(sass) if "LDG.E.128" in line or "STG.E.128" in line]
+    assert copies and spilled <= 64
+    assert not any(re.search(r"\b(LDL|STL)\b", line) for line in sass[copies[0]:copies[-1]])
 
 
 def _interpreted_original(args: dict, all_layers: bool):
@@ -211,6 +302,26 @@ def test_gpu_bit_equal_to_the_original_at_model_shapes(all_layers):
         sgl.track_mamba_states_if_needed(pools[1][0][0], pools[1][1][0], src, mask, dst, n)
     assert torch.equal(pools[0][0], pools[1][0]) and torch.equal(pools[0][1], pools[1][1])
     assert not torch.equal(pools[0][1], ssm)
+
+
+@gpu
+@pytest.mark.parametrize("tuning", [{}, {"maxnreg": None}, {"block_bytes": 16384},
+                                    {"chunk_bytes": 16384, "block_bytes": 16384},
+                                    {"chunk_bytes": 256, "block_bytes": 64}])
+@pytest.mark.parametrize("programs", [1, 264, 528])
+def test_gpu_tuning_variants_equal_reference(tuning, programs):
+    """The tunings the benchmark A/Bs (and a small-chunk one) give the reference's bits on
+    64 rows with out-of-range and duplicate track slots, for any program count."""
+    gen = torch.Generator().manual_seed(programs)
+    args = op.example_inputs("cuda", False, gen)
+    n = args["cache_indices"].shape[0]
+    args["mamba_track_indices"][n - 1] = args["mamba_track_indices"][2 * n // 3]
+    expected = op.reference(**args)
+    op._launch(op._track_kernel, programs, args["conv_states_pool"], args["ssm_states_pool"],
+               args["cache_indices"], args["mamba_track_mask"], args["mamba_track_indices"],
+               args["batch_size"], **tuning)
+    assert torch.equal(args["conv_states_pool"], expected[0])
+    assert torch.equal(args["ssm_states_pool"], expected[1])
 
 
 @gpu
