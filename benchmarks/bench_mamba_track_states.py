@@ -47,8 +47,13 @@ VARIANTS = {
     "2_per_sm_no_maxnreg": {"programs_per_sm": 2, "maxnreg": None},
     "16k_steps": {"block_bytes": 16384},
     "16k_items": {"chunk_bytes": 16384, "block_bytes": 16384},
+    "8192_element_steps": {"block_elements": 8192},
+    "8192_element_steps_no_maxnreg": {"block_elements": 8192, "maxnreg": None},
+    "8192_element_steps_2_per_sm_no_maxnreg": {"block_elements": 8192, "programs_per_sm": 2,
+                                               "maxnreg": None},
+    "4_warps_no_maxnreg": {"num_warps": 4, "maxnreg": None},
 }
-VARIANT_ROWS = (0, 1, 8)
+VARIANT_ROWS = (0, 1, 8, 64)
 
 
 def _original():

@@ -186,8 +186,8 @@ def _track_kernel(
 # through shared memory between load and store. ``maxnreg`` 64 keeps all four programs resident
 # (ptxas, sm_90: 116-127 registers uncapped; at 64 the spills lie outside the copy loop).
 # See docs/design/mamba_track_states.md#registers-and-residency.
-TUNING = {"chunk_bytes": 32768, "block_bytes": 32768, "num_warps": 8, "programs_per_sm": 4,
-          "maxnreg": 64}
+TUNING = {"chunk_bytes": 32768, "block_bytes": 32768, "block_elements": None, "num_warps": 8,
+          "programs_per_sm": 4, "maxnreg": 64}
 SCAN = 64
 TILE = 32
 # Programs when no GPU can be asked (tracing on a CPU-only machine): an H200's 132 SMs. The
@@ -206,13 +206,15 @@ def _programs(t: torch.Tensor, real_launch: bool) -> int:
 
 
 def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
-               chunk_bytes=TUNING["chunk_bytes"], block_bytes=TUNING["block_bytes"]):
+               chunk_bytes=TUNING["chunk_bytes"], block_bytes=TUNING["block_bytes"],
+               block_elements=TUNING["block_elements"]):
     """The grid and every kernel parameter, in signature order, of a call on validated inputs
-    (``torch.sym_min``: sizes may be symbolic)."""
+    (``torch.sym_min``: sizes may be symbolic). Copy steps of ``block_bytes``, or of
+    ``block_elements`` elements in both pools when that is given."""
     conv_shape, ssm_shape = conv.shape, ssm.shape
     conv_numel, ssm_numel = math.prod(conv_shape[2:]), math.prod(ssm_shape[2:])
-    conv_block = max(1, block_bytes // conv.element_size())
-    ssm_block = max(1, block_bytes // ssm.element_size())
+    conv_block = block_elements or max(1, block_bytes // conv.element_size())
+    ssm_block = block_elements or max(1, block_bytes // ssm.element_size())
     conv_chunk = max(conv_block, chunk_bytes // conv.element_size())
     ssm_chunk = max(ssm_block, chunk_bytes // ssm.element_size())
     items = batch_size * conv_shape[0] * (
@@ -235,10 +237,11 @@ def _options(num_warps=TUNING["num_warps"], maxnreg=TUNING["maxnreg"]) -> tuple:
 
 def _launch(kernel, programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
             chunk_bytes=TUNING["chunk_bytes"], block_bytes=TUNING["block_bytes"],
-            num_warps=TUNING["num_warps"], maxnreg=TUNING["maxnreg"]):
+            block_elements=TUNING["block_elements"], num_warps=TUNING["num_warps"],
+            maxnreg=TUNING["maxnreg"]):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     grid, args = _arguments(programs, conv, ssm, cache_indices, mask, track_indices,
-                            batch_size, chunk_bytes, block_bytes)
+                            batch_size, chunk_bytes, block_bytes, block_elements)
     runtime, constexprs = keyword_constexprs(_track_kernel, args)
     kernel[grid](*runtime, **constexprs, **dict(_options(num_warps, maxnreg)))
 

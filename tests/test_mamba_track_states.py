@@ -105,7 +105,8 @@ def test_interpreted_kernel_equals_reference(data):
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
     args = calls_of.values(data.draw, d, "cpu", gen)
     tuning = data.draw(st.sampled_from([{"chunk_bytes": 16, "block_bytes": 8},
-                                        {"chunk_bytes": 64, "block_bytes": 32}, {}]))
+                                        {"chunk_bytes": 64, "block_bytes": 32},
+                                        {"chunk_bytes": 64, "block_elements": 4}, {}]))
     expected = op.reference(**args)
     op.launch_interpreted(**args, reverse_programs=data.draw(st.booleans()),
                           programs=data.draw(st.integers(1, 9)), **tuning)
@@ -306,6 +307,7 @@ def test_gpu_bit_equal_to_the_original_at_model_shapes(all_layers):
 
 @gpu
 @pytest.mark.parametrize("tuning", [{}, {"maxnreg": None}, {"block_bytes": 16384},
+                                    {"block_elements": 8192},
                                     {"chunk_bytes": 16384, "block_bytes": 16384},
                                     {"chunk_bytes": 256, "block_bytes": 64}])
 @pytest.mark.parametrize("programs", [1, 264, 528])
