@@ -129,19 +129,85 @@ def _old_kernel(
         done += count
 
 
+@triton.jit(do_not_specialize=["batch_size", "num_layers", "pool"])
+def _hybrid_kernel(
+    conv_ptr,
+    ssm_ptr,
+    src_ptr,
+    mask_ptr,
+    dst_ptr,
+    batch_size,
+    num_layers,
+    pool,
+    conv_numel,
+    ssm_numel,
+    conv_layer_stride,
+    conv_slot_stride,
+    ssm_layer_stride,
+    ssm_slot_stride,
+    src_stride,
+    mask_stride,
+    dst_stride,
+    CONV_CHUNK: tl.constexpr,
+    SSM_CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SCAN: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    """The previous kernel's item walk and copy, behind the current kernel's row walk (one
+    round trip for the three index tensors, a block without a valid row skipped, a block with
+    one valid row not compared with itself)."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    conv_chunks = tl.cdiv(conv_numel, CONV_CHUNK)
+    chunks = conv_chunks + tl.cdiv(ssm_numel, SSM_CHUNK)
+    per_row = chunks.to(tl.int64) * num_layers
+    done = tl.zeros([], dtype=tl.int64)  # writing rows in earlier blocks
+    for r0 in range(0, batch_size, SCAN):
+        rows = r0 + tl.arange(0, SCAN).to(tl.int64)
+        valid, src, dst = m._rows(rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool,
+                                  src_stride, mask_stride, dst_stride)
+        n_valid = tl.sum(valid.to(tl.int32), axis=0)
+        if n_valid > 0:
+            writes = m._writers(r0, rows, valid, dst, n_valid == 1, src_ptr, mask_ptr, dst_ptr,
+                                batch_size, pool, src_stride, mask_stride, dst_stride, SCAN,
+                                TILE)
+            rank = tl.cumsum(writes, axis=0)
+            count = tl.sum(writes, axis=0)
+            first = done * per_row
+            start = first + (pid + programs - first % programs) % programs
+            for item in range(start, (done + count) * per_row, programs):
+                k = item // per_row
+                rem = item - k * per_row
+                layer = rem // chunks
+                chunk = rem - layer * chunks
+                pick = (rank == k - done + 1) & (writes != 0)
+                s = tl.sum(tl.where(pick, src, 0), axis=0)
+                d = tl.sum(tl.where(pick, dst, 0), axis=0)
+                if chunk < conv_chunks:
+                    _copy_chunk(conv_ptr + layer * conv_layer_stride, s * conv_slot_stride,
+                                d * conv_slot_stride, chunk * CONV_CHUNK, conv_numel,
+                                CONV_CHUNK, BLOCK)
+                else:
+                    _copy_chunk(ssm_ptr + layer * ssm_layer_stride, s * ssm_slot_stride,
+                                d * ssm_slot_stride, (chunk - conv_chunks) * SSM_CHUNK,
+                                ssm_numel, SSM_CHUNK, BLOCK)
+            done += count
+
+
 OLD_SCAN, OLD_TILE, OLD_BLOCK = 64, 32, 8192
 
 
-def _old_launch(conv, ssm, src, mask, dst, batch_size):
+def _old_launch(conv, ssm, src, mask, dst, batch_size, kernel=_old_kernel, per_sm=4):
     """The previous launch: grid ``min(items, 4 x SMs)``, 8 warps, 32 KiB chunks copied in
-    8192-element steps."""
+    8192-element steps (``kernel``, ``per_sm`` programs an SM)."""
     conv_numel, ssm_numel = math.prod(conv.shape[2:]), math.prod(ssm.shape[2:])
     conv_chunk = max(OLD_BLOCK, 32768 // conv.element_size())
     ssm_chunk = max(OLD_BLOCK, 32768 // ssm.element_size())
     items = batch_size * conv.shape[0] * (triton.cdiv(conv_numel, conv_chunk)
                                           + triton.cdiv(ssm_numel, ssm_chunk))
     sms = torch.cuda.get_device_properties(conv.device).multi_processor_count
-    _old_kernel[(min(items, 4 * sms),)](
+    kernel[(min(items, per_sm * sms),)](
         conv, ssm, src, mask, dst, batch_size, conv.shape[0], min(conv.shape[1], ssm.shape[1]),
         conv_numel, ssm_numel, conv.stride(0), conv.stride(1), ssm.stride(0), ssm.stride(1),
         src.stride(0), mask.stride(0), dst.stride(0), CONV_CHUNK=conv_chunk,
@@ -150,7 +216,10 @@ def _old_launch(conv, ssm, src, mask, dst, batch_size):
 
 def main() -> None:
     sgl = anchor_module("sgl_mamba")
-    kernels = {"previous": _old_launch, "current": m.track_mamba_states_all_layers}
+    kernels = {"previous": _old_launch, "current": m.track_mamba_states_all_layers,
+               "hybrid": lambda *call: _old_launch(*call, kernel=_hybrid_kernel),
+               "hybrid_2_per_sm": lambda *call: _old_launch(*call, kernel=_hybrid_kernel,
+                                                             per_sm=2)}
     if sgl is not None:
         kernels["original"] = lambda *call: sgl.track_mamba_states_all_layers(
             *call, check_freed_slots=True)
