@@ -9,28 +9,33 @@ that does the same in one C++ call, in this order:
 
 1. the call's key: per argument ``None``; a plain ``torch.Tensor``'s dtype, device, layout,
    sizes, strides, storage offset, whether its address is a multiple of 16 and which earlier
-   argument, if any, is the same tensor object; a ``bool``'s, ``int``'s or ``float``'s type and
-   value. It is at least as fine as the contract's cached
-   signature (:class:`strictops.meta._contract.CachedValidation`) and the cached launcher's
-   key (:class:`strictops.ops._launcher.Launcher`) together, so a plan never serves a call
-   that the contract or Triton's specialisation could treat otherwise;
+   tensor, if any, is the same object; a ``bool``'s, ``int``'s or ``float``'s type and value; a
+   list's or tuple's type, length and items (two levels: a list of tensor pairs). It is at
+   least as fine as the contract's cached signature
+   (:class:`strictops.meta._contract.CachedValidation`) and the cached launcher's key
+   (:class:`strictops.ops._launcher.Launcher`) together, so a plan never serves a call that the
+   contract or Triton's specialisation could treat otherwise. A :class:`HostPath` with
+   ``per_call`` names keys only the arguments before them: those are integers (a lease's
+   fields, an address) that parameters declared ``do_not_specialize`` and result slices take,
+   checked per call against the parameter's type and the address's alignment;
 2. the gate of :func:`strictops.ops._dispatch.can_skip_dispatcher` (no dispatch or
    torch-function mode, no functorch transform, no tensor subclass, no input that requires grad
    while grad mode is on) and Triton's launch state (no launch hook, the kernel's globals and
    pre-run hooks, ``debug`` and the instrumentation mode as when planned);
 3. the per-call rows of the contract that the signature runs, all of them ``disjoint`` rows
-   (:func:`strictops.meta._contract.disjoint_check`), from their declared pairs;
+   (:func:`strictops.meta._contract.disjoint_check`, from their declared pairs) or ``inside``
+   rows (:func:`strictops.meta._contract.inside_check`, on the tensors they name);
 4. the allocations of the outputs not given, one launch on the current stream of the plan's
    device (``cuLaunchKernelEx``, the parameters packed as Triton's launcher packs them), the
    version-counter bump of the arguments the op writes, the result.
 
 Anything else returns :data:`MISS`, and the caller runs its Python path, which raises the
 contract's errors. The Python path registers a plan after it served a call (:meth:`register`):
-only signatures whose per-call rows are all ``disjoint`` rows get one, and only where every
-kernel argument is a tensor of the call or a function of its signature. A call whose signature
-has a plan and whose per-call rows hold is therefore one the contract passes, launched as the
-Python path would launch it: the tests compare the two launch by launch (a recording stand-in
-for the driver) and verdict by verdict.
+only signatures whose per-call rows are all ``disjoint`` or ``inside`` rows get one, and only
+where every kernel argument is a tensor of the call, a per-call integer or a function of its
+signature. A call whose signature has a plan and whose per-call rows hold is therefore one the
+contract passes, launched as the Python path would launch it: the tests compare the two launch
+by launch (a recording stand-in for the driver) and verdict by verdict.
 
 Without the extension (a build without torch in the build environment, or
 ``STRICTOPS_NO_HOST_EXTENSION=1`` at install) every call takes the Python path.

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from strictops.meta._contract import CachedValidation, Check, Contract, disjoint, disjoint_check
+from strictops.meta._contract import (CachedValidation, Check, Contract, disjoint, disjoint_check,
+                                      inside_check, inside_storage)
 
 host_plans = pytest.importorskip("strictops.ops._host_plans",
                                  reason="built without the C++ eager path")
@@ -254,6 +255,29 @@ def test_disjoint_rows_give_the_contract_verdict(views, shared):
         served = cache(*tensors) is not MISS
         assert served == bool(row.ok(type("A", (), {"a": tensors[0], "b": tensors[1]})))
         assert served == bool(disjoint(*tensors))
+    finally:
+        _host_path.configure()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=3), st.data())
+def test_inside_rows_give_the_contract_verdict(sizes, data):
+    """A view of random sizes (empty ones too), strides and offset whose storage may be shrunk
+    under it: the plan serves the call exactly when the contract's ``inside`` row holds."""
+    _host_path.configure(recorder=lambda *launch: None)
+    try:
+        strides = [data.draw(st.integers(0, 6)) for _ in sizes]
+        offset = data.draw(st.integers(0, 5))
+        reach = offset + sum(max(n - 1, 0) * s for n, s in zip(sizes, strides))
+        storage = torch.zeros(reach + 1 + data.draw(st.integers(0, 2)))
+        view = storage.as_strided(sizes, strides, offset)
+        row = inside_check("inside", lambda a: (a.x,), lambda **_: "outside its storage")
+        cache = host_plans.PlanCache()
+        cache.add((view,), (*_spec(), (0,)))
+        storage.untyped_storage().resize_(4 * data.draw(st.integers(0, storage.numel())))
+        served = cache(view) is not MISS
+        assert served == bool(row.ok(type("A", (), {"x": view})))
+        assert served == bool(inside_storage(view))
     finally:
         _host_path.configure()
 
