@@ -216,12 +216,13 @@ class Report:
             fig.savefig(out / f"{self.name}.png", dpi=120, bbox_inches="tight")
 
 
-def grouped_bars(plt, report: Report, label_key: str, series: list[tuple[str, str]], title: str,
-                 ylabel: str, log: bool = True):
-    """``(fig, ax)``: one group of bars per row of ``report`` (labelled by ``row[label_key]``),
-    one bar per ``(legend label, row key)`` of ``series``; a missing value draws no bar."""
+def grouped_bars(plt, report: Report, label_key: str | Callable[[dict], str],
+                 series: list[tuple[str, str]], title: str, ylabel: str, log: bool = True):
+    """``(fig, ax)``: one group of bars per row of ``report`` (labelled by ``row[label_key]``,
+    or ``label_key(row)`` for a function), one bar per ``(legend label, row key)`` of
+    ``series``; a missing value draws no bar."""
     fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [str(r[label_key]) for r in report.rows]
+    labels = [label_key(r) if callable(label_key) else str(r[label_key]) for r in report.rows]
     width = 0.8 / len(series)
     for i, (label, key) in enumerate(series):
         ax.bar([x + i * width for x in range(len(labels))],
