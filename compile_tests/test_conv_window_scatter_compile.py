@@ -25,6 +25,7 @@ from strictops.meta.testing import (
     fake_mode,
     gpu,
     kernel_launches,
+    written_arguments,
 )
 from strictops.ops import conv_window_scatter as op
 from strictops.ops import fused_conv_window_scatter_with_mask
@@ -209,3 +210,15 @@ def test_gpu_opcheck_all_utils():
     for with_src in (False, True):
         args = _real_inputs(7, with_src=with_src)
         torch.library.opcheck(OP, tuple(args.values()))
+
+
+@pytest.mark.parametrize("with_src", [False, True])
+def test_mutation_analysis_finds_only_dst_written(with_src):
+    """Without a GPU: Triton's mutation analysis (what Inductor clones before a launch) finds
+    only ``dst`` written, the index tensors read through the shared helpers included."""
+    dst = torch.zeros(3, 5, 7, 2)
+    src = op.window_view(torch.zeros(3, 4, 7, 3 + 2 - 1), 3, 2)
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    _, parameters = op._arguments(dst, src, slots, steps, slots.clone() if with_src else None)
+    kwargs = dict(zip(op._scatter_kernel.arg_names, parameters))
+    assert written_arguments(op._scatter_kernel, kwargs) == ["dst_ptr"]

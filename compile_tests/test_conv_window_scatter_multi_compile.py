@@ -25,6 +25,7 @@ from strictops.meta.testing import (
     fake_mode,
     gpu,
     kernel_launches,
+    written_arguments,
 )
 from strictops.ops import conv_window_scatter as one
 from strictops.ops import conv_window_scatter_multi as op
@@ -180,3 +181,16 @@ def test_gpu_opcheck_all_utils():
     args = op.op_arguments(**_real_inputs(7))
     torch.library.opcheck(OP, tuple(args.values()))
     torch.library.opcheck(OP, tuple(args.values())[:4])
+
+
+@pytest.mark.parametrize("second_set", [False, True])
+def test_mutation_analysis_finds_only_the_dsts_written(second_set):
+    """Without a GPU: Triton's mutation analysis finds only the pairs' ``dst`` written."""
+    pairs = [(torch.zeros(3, 5, dim, km1),
+              one.window_view(torch.zeros(3, 4, dim, 3 + km1 - 1), 3, km1))
+             for dim, km1 in ((7, 2), (5, 3))]
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    _, parameters = op._arguments(pairs, slots, steps,
+                                  *((slots, steps) if second_set else (None, None)))
+    kwargs = dict(zip(op._scatter_multi_kernel.arg_names, parameters))
+    assert written_arguments(op._scatter_multi_kernel, kwargs) == ["dst0", "dst1"]

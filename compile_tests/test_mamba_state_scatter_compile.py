@@ -28,6 +28,7 @@ from strictops.meta.testing import (
     fake_mode,
     gpu,
     kernel_launches,
+    written_arguments,
 )
 from strictops.ops import fused_mamba_state_scatter_with_mask
 from strictops.ops import mamba_state_scatter as op
@@ -80,28 +81,6 @@ def test_inductor_receives_one_triton_launch_and_no_index_copies(kernel):
     assert tensor_ops == [], gm.code  # no copy, cast or contiguous of any input
 
 
-def _written_arguments(kernel, kwargs) -> list[str]:
-    """The kernel arguments Triton's mutation analysis (what Inductor clones before a launch)
-    finds written, from the kernel's TTIR for sm_90: no GPU needed."""
-    import torch._higher_order_ops.triton_kernel_wrap as wrap
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
-    class Sm90:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-    saved = driver._active
-    driver.set_active(Sm90())
-    try:
-        if hasattr(wrap, "identify_accessed_tensors"):  # torch >= 2.12
-            accesses = wrap.identify_accessed_tensors(kernel, kwargs, {})
-            return sorted(dep.name for dep in accesses.read_writes.writes)
-        return sorted(wrap.identify_mutated_tensors(kernel, kwargs, {}))
-    finally:
-        driver._active = saved
-
-
 @pytest.mark.parametrize("with_src", [False, True])
 @pytest.mark.parametrize("kernel", [
     pytest.param("persistent", marks=pytest.mark.xfail(
@@ -117,7 +96,7 @@ def test_mutation_analysis_finds_only_dst_written(kernel, with_src):
     path = op.PATHS[kernel]
     _, parameters = path.arguments(dst, src, slots, steps, slots.clone() if with_src else None)
     kwargs = dict(zip(path.jit_fn.arg_names, parameters))
-    assert _written_arguments(path.jit_fn, kwargs) == ["dst_ptr"]
+    assert written_arguments(path.jit_fn, kwargs) == ["dst_ptr"]
 
 
 @pytest.mark.parametrize("rule", contract.CONTRACT.rules)

@@ -100,6 +100,29 @@ def kernel_launches(gm: torch.fx.GraphModule) -> list:
     return [n for n in gm.graph.nodes if n.op == "call_function" and launches(n)]
 
 
+def written_arguments(kernel, kwargs: dict) -> list[str]:
+    """The arguments of Triton kernel ``kernel`` (called with ``kwargs``: every parameter by
+    name) that Triton's mutation analysis finds written, which Inductor clones before each
+    launch; from the kernel's TTIR for sm_90, so no GPU is needed."""
+    import torch._higher_order_ops.triton_kernel_wrap as wrap
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    class Sm90:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    saved = driver._active
+    driver.set_active(Sm90())
+    try:
+        if hasattr(wrap, "identify_accessed_tensors"):  # torch >= 2.12
+            accesses = wrap.identify_accessed_tensors(kernel, kwargs, {})
+            return sorted(dep.name for dep in accesses.read_writes.writes)
+        return sorted(wrap.identify_mutated_tensors(kernel, kwargs, {}))
+    finally:
+        driver._active = saved
+
+
 def capture_cuda_graph(fn, *args, **kwargs):
     """``(graph, result)``: ``fn(*args, **kwargs)`` run once on a side stream (compiling and
     loading its kernels), then captured in a CUDA graph; ``result`` is the captured call's."""

@@ -43,7 +43,7 @@ from ._dispatch import can_skip_dispatcher
 from ._host_path import MISS
 from ._interpret import interpreted
 from ._kernel_path import KernelPath
-from .mamba_state_scatter import request_is_valid
+from .mamba_state_scatter import request_is_valid, written_later
 
 __all__ = [
     "fused_conv_window_scatter_with_mask",
@@ -51,29 +51,6 @@ __all__ = [
     "launch_interpreted",
     "example_inputs",
 ]
-
-
-@triton.jit
-def written_later(slot, first, n, dst_idx_ptr, step_idx_ptr, src_idx_ptr, dst_idx_stride,
-                  step_idx_stride, src_idx_stride, cache_size, spec_size, draft_tokens,
-                  HAS_SRC_INDICES: tl.constexpr, SCAN: tl.constexpr):
-    """Whether a valid request ``j`` in ``[first, n)`` of one index set also writes ``slot``
-    (request ``j`` reads row ``src_idx[j]``, or ``j``). Its loads depend on ``first`` only,
-    so they are in flight together with the caller's own index loads."""
-    later = tl.zeros([SCAN], dtype=tl.int32)
-    for j0 in tl.range(first, n, SCAN, num_stages=1):
-        j = (j0 + tl.arange(0, SCAN)).to(tl.int64)
-        in_range = j < n
-        s_j = tl.load(step_idx_ptr + j * step_idx_stride, mask=in_range, other=-1).to(tl.int64)
-        d_j = tl.load(dst_idx_ptr + j * dst_idx_stride, mask=in_range, other=-1).to(tl.int64)
-        if HAS_SRC_INDICES:
-            r_j = tl.load(src_idx_ptr + j * src_idx_stride, mask=in_range, other=-1).to(tl.int64)
-        else:
-            r_j = j
-        v_j = in_range & (d_j == slot) & request_is_valid(d_j, r_j, s_j, cache_size, spec_size,
-                                                          draft_tokens)
-        later = later | v_j.to(tl.int32)
-    return tl.max(later, axis=0) > 0
 
 
 @triton.jit

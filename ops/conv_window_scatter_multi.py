@@ -39,7 +39,8 @@ from ._dispatch import can_skip_dispatcher
 from ._host_path import MISS
 from ._interpret import interpreted
 from ._kernel_path import KernelPath
-from .conv_window_scatter import copy_window, request_is_valid, written_later
+from .conv_window_scatter import copy_window
+from .mamba_state_scatter import request_is_valid, written_later
 
 __all__ = [
     "fused_conv_window_scatter_multi",

@@ -62,9 +62,9 @@ def request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens):
 
 
 @triton.jit
-def _requests(rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache_size, spec_size,
-              draft_tokens, dst_idx_stride, step_idx_stride, src_idx_stride,
-              HAS_SRC_INDICES: tl.constexpr):
+def load_requests(rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache_size,
+                  spec_size, draft_tokens, dst_idx_stride, step_idx_stride, src_idx_stride,
+                  HAS_SRC_INDICES: tl.constexpr):
     """Requests ``rows`` (int64; those past ``n_requests`` read nothing): whether each is valid,
     and its slot, source row and step (int64)."""
     in_range = rows < n_requests
@@ -79,14 +79,32 @@ def _requests(rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache_si
 
 
 @triton.jit
+def written_later(slot, first, n, dst_idx_ptr, step_idx_ptr, src_idx_ptr, dst_idx_stride,
+                  step_idx_stride, src_idx_stride, cache_size, spec_size, draft_tokens,
+                  HAS_SRC_INDICES: tl.constexpr, SCAN: tl.constexpr):
+    """Whether a valid request ``j`` in ``[first, n)`` of one index set also writes ``slot``
+    (request ``j`` reads row ``src_idx[j]``, or ``j``). Its loads depend on ``first`` only,
+    so they are in flight together with the caller's own index loads."""
+    later = tl.zeros([SCAN], dtype=tl.int32)
+    for j0 in tl.range(first, n, SCAN, num_stages=1):
+        j = (j0 + tl.arange(0, SCAN)).to(tl.int64)
+        v_j, d_j, _, _ = load_requests(j, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n, cache_size,
+                                       spec_size, draft_tokens, dst_idx_stride,
+                                       step_idx_stride, src_idx_stride, HAS_SRC_INDICES)
+        later = later | (v_j & (d_j == slot)).to(tl.int32)
+    return tl.max(later, axis=0) > 0
+
+
+@triton.jit
 def _writers(r0, rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache_size,
              spec_size, draft_tokens, dst_idx_stride, step_idx_stride, src_idx_stride,
              HAS_SRC_INDICES: tl.constexpr, SCAN: tl.constexpr, TILE: tl.constexpr):
     """``[SCAN]`` int32: 1 where request ``rows[k]`` writes (valid, and no later valid request
     names its slot), plus the requests' slots, source rows and steps (int64)."""
-    valid, slot, row, step = _requests(rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests,
-                                       cache_size, spec_size, draft_tokens, dst_idx_stride,
-                                       step_idx_stride, src_idx_stride, HAS_SRC_INDICES)
+    valid, slot, row, step = load_requests(rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr,
+                                           n_requests, cache_size, spec_size, draft_tokens,
+                                           dst_idx_stride, step_idx_stride, src_idx_stride,
+                                           HAS_SRC_INDICES)
     key = tl.where(valid, slot, -1)  # -1: no write (never equal to a later key)
     # The block against itself from registers, then the later requests TILE at a time.
     key_j = tl.where(valid, slot, -2)
@@ -95,9 +113,10 @@ def _writers(r0, rows, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests, cache
     if tl.max(valid.to(tl.int32), axis=0) > 0:  # no valid request here: nothing to compare
         for j0 in range(r0 + SCAN, n_requests, TILE):
             cols = j0 + tl.arange(0, TILE).to(tl.int64)
-            v_j, d_j, _, _ = _requests(cols, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests,
-                                       cache_size, spec_size, draft_tokens, dst_idx_stride,
-                                       step_idx_stride, src_idx_stride, HAS_SRC_INDICES)
+            v_j, d_j, _, _ = load_requests(cols, dst_idx_ptr, step_idx_ptr, src_idx_ptr,
+                                           n_requests, cache_size, spec_size, draft_tokens,
+                                           dst_idx_stride, step_idx_stride, src_idx_stride,
+                                           HAS_SRC_INDICES)
             key_j = tl.where(v_j, d_j, -2)
             same = (key[:, None] == key_j[None, :]) & (cols[None, :] > rows[:, None])
             later = later | tl.max(same.to(tl.int32), axis=1)
@@ -292,7 +311,7 @@ def _layer_loop_kernel(
     chunks = tl.cdiv(entry_numel, BLOCK)
     req = (pid // chunks).to(tl.int64)  # 64-bit: times an index stride of any size
     e0 = (pid % chunks).to(tl.int64) * BLOCK  # the chunk's first element in the entry
-    # This request's indices, loaded here and not through ``_requests``: Triton's mutation
+    # This request's indices, loaded here and not through ``load_requests``: Triton's mutation
     # analysis (Inductor's clones) would count every argument of a called function that the
     # store addresses depend on as written.
     step = tl.load(step_idx_ptr + req * step_idx_stride).to(tl.int64)
@@ -302,16 +321,11 @@ def _layer_loop_kernel(
     else:
         row = req
     valid = request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens)
-    # Last writer wins: a later valid request with the slot takes the write. The scan's loads
-    # do not depend on this request's indices, so they are in flight together with them.
-    later = tl.zeros([SCAN], dtype=tl.int32)
-    for j0 in range(req + 1, n_requests, SCAN):
-        cols = j0 + tl.arange(0, SCAN).to(tl.int64)
-        v_j, d_j, _, _ = _requests(cols, dst_idx_ptr, step_idx_ptr, src_idx_ptr, n_requests,
-                                   cache_size, spec_size, draft_tokens, dst_idx_stride,
-                                   step_idx_stride, src_idx_stride, HAS_SRC_INDICES)
-        later = later | (v_j & (d_j == slot)).to(tl.int32)
-    if (not valid) or (tl.max(later, axis=0) > 0):
+    # Last writer wins: a later valid request with the slot takes the write.
+    later = written_later(slot, req + 1, n_requests, dst_idx_ptr, step_idx_ptr, src_idx_ptr,
+                          dst_idx_stride, step_idx_stride, src_idx_stride, cache_size,
+                          spec_size, draft_tokens, HAS_SRC_INDICES, SCAN)
+    if (not valid) or later:
         return
 
     # Offsets as index times a size or stride (int64 from the left), so the compiler sees them
