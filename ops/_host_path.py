@@ -161,7 +161,7 @@ class HostPath:
     def register(self, args: tuple, launcher, grid: Sequence[int], kernel_args: Sequence[Any],
                  options: tuple, device: int, allocations: Sequence[tuple] = (),
                  fresh: Sequence[torch.Tensor] = (), result: Any = None,
-                 settings: Sequence[tuple] = (), named: Mapping[int, str] = {},
+                 settings: Sequence[tuple] = (), named: Mapping[int, str] | None = None,
                  validated: tuple | None = None) -> None:
         """After the Python path served ``args`` (the op's arguments, as :attr:`call` takes
         them): make the plan of their signature, unless it has an entry already.
@@ -193,7 +193,7 @@ class HostPath:
         if rows is None:
             return  # not a passed signature (cannot happen after a served call; no entry)
         spec = self._spec(args, validated, rows, launcher, grid, kernel_args, options, device,
-                          allocations, fresh, result, named)
+                          allocations, fresh, result, named or {})
         if spec is not None and settings:
             spec = (*spec[:7], (*spec[7], *((namespace, (name,), _copy(namespace[name]), True)
                                             for namespace, name in settings)), spec[8])
@@ -259,10 +259,10 @@ def _leaves(args: tuple, keyed: int) -> tuple[list, list]:
     argument's leaf index (None for a list or tuple)."""
     leaves, position = [], []
     for i, a in enumerate(args):
-        if i < keyed and isinstance(a, (list, tuple)):
+        if i < keyed and type(a) in (list, tuple):  # exactly: make_key has no key for others
             position.append(None)
             for item in a:
-                if isinstance(item, (list, tuple)):
+                if type(item) in (list, tuple):
                     leaves.extend(item)
                 else:
                     leaves.append(item)
