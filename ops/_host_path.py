@@ -104,6 +104,10 @@ def _always_miss(*args: Any) -> Any:
     return MISS
 
 
+def _never_known(*args: Any) -> None:
+    return None
+
+
 # How Triton's launcher passes a scalar parameter of each signature type (little-endian).
 _SCALAR_FORMATS = {"i1": "b", "i8": "b", "u1": "B", "u8": "B", "i16": "h", "u16": "H",
                    "i32": "i", "u32": "I", "i64": "q", "u64": "Q", "fp16": "e", "fp32": "f",
@@ -155,8 +159,11 @@ class HostPath:
             tuple(self.names.index(n) for n in writes))
         self.cache = (_host_plans.PlanCache(keyed=len(keyed) if per_call else -1)
                       if _host_plans is not None else None)
-        # ``call(*args)``: the plan's result, or MISS.
+        # ``call(*args)``: the plan's result, or MISS. ``known(*args)``: whether the signature
+        # of ``args`` (the per-call integers may be left out) has an entry: a call of it has
+        # passed the contract before (None where it has no key).
         self.call = self.cache if self.cache is not None else _always_miss
+        self.known = self.cache.known if self.cache is not None else _never_known
 
     def register(self, args: tuple, launcher, grid: Sequence[int], kernel_args: Sequence[Any],
                  options: tuple, device: int, allocations: Sequence[tuple] = (),

@@ -65,8 +65,7 @@ _PUBLISH_HOST = HostPath(_SOURCE_VALIDATION,
                          names=("pool", "src", "max_inflight_slices", "consumer_count", "system"),
                          per_call=("state", *Lease._fields))
 _PUBLISH_CALL = _PUBLISH_HOST.call
-_PUBLISH_KNOWN = _PUBLISH_HOST.cache.known if _PUBLISH_HOST.cache is not None else (
-    lambda *args: False)
+_PUBLISH_KNOWN = _PUBLISH_HOST.known
 _PUBLISH_VIEW = Slice("pool", "start", "nbytes")
 # The kernel parameters the plan takes by name, by index: the source's address, the state row
 # (also the lease pointer, unread when the lease's fields are given) and the lease's fields.
@@ -416,7 +415,7 @@ class TransportPool:
         lease = self.lease(source.nbytes)
         if lease is None:
             return None, None
-        state = self._state_address + lease.slot * (STATE_ROW_WORDS * WORD_BYTES)
+        state = self._state_row(lease.slot)
         try:
             view = _PUBLISH_CALL(*key, state, *lease)
             if view is MISS:
@@ -434,9 +433,13 @@ class TransportPool:
         # The lease is on the host: its values go to the kernel as arguments (no copy to the
         # device first), with the slot's own state row (its address: no view per call).
         if state is None:
-            state = self._state_address + lease.slot * (STATE_ROW_WORDS * WORD_BYTES)
+            state = self._state_row(lease.slot)
         return launch_eager(self.tensor, source, Pointer(state, torch.int32),
                             self.max_inflight_slices, self.consumer_count, lease, self.consumers)
+
+    def _state_row(self, slot: int) -> int:
+        """The address of ``slot``'s own state row."""
+        return self._state_address + slot * (STATE_ROW_WORDS * WORD_BYTES)
 
     def _publish_and_plan(self, key: tuple, source: torch.Tensor, lease: Lease,
                           state: int) -> None:

@@ -718,7 +718,7 @@ def test_copy_tensor_plan_launches_what_the_python_path_launches(
     real = rt._PUBLISH_HOST
     host = HostPath(validation, names=real.names[:real.keyed], per_call=real.names[real.keyed:])
     for name, value in (("_SOURCE_VALIDATION", validation), ("_PUBLISH_HOST", host),
-                        ("_PUBLISH_CALL", host.call), ("_PUBLISH_KNOWN", host.cache.known)):
+                        ("_PUBLISH_CALL", host.call), ("_PUBLISH_KNOWN", host.known)):
         monkeypatch.setattr(rt, name, value)
     monkeypatch.setattr(tp, "_LAUNCHER", Launcher(tp._publish_kernel))
     monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
