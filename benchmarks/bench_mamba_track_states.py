@@ -11,7 +11,7 @@ the previous one copied in L2; L2 is flushed before every replay. Against the fl
 bit against the reference and the original.
 
 The kernel's tuning switches (``VARIANTS``, each a change to ``m.TUNING``) are A/B'd in the
-same process at 0, 1 and 8 tracked rows (per-call graph time).
+same process at 0, 1, 8 and 64 tracked rows (per-call graph time).
 
     python benchmarks/bench_mamba_track_states.py [--out DIR]
 """
@@ -42,15 +42,14 @@ CALLS = 20
 # Changes to m.TUNING measured side by side ("default": none).
 VARIANTS = {
     "default": {},
+    "default_load_policy": {"load_policy": ""},
+    "evict_first_loads": {"load_policy": "evict_first"},
     "no_maxnreg": {"maxnreg": None},
     "2_per_sm": {"programs_per_sm": 2},
     "2_per_sm_no_maxnreg": {"programs_per_sm": 2, "maxnreg": None},
     "16k_steps": {"block_bytes": 16384},
     "16k_items": {"chunk_bytes": 16384, "block_bytes": 16384},
     "8192_element_steps": {"block_elements": 8192},
-    "8192_element_steps_no_maxnreg": {"block_elements": 8192, "maxnreg": None},
-    "8192_element_steps_2_per_sm_no_maxnreg": {"block_elements": 8192, "programs_per_sm": 2,
-                                               "maxnreg": None},
     "4_warps_no_maxnreg": {"num_warps": 4, "maxnreg": None},
 }
 VARIANT_ROWS = (0, 1, 8, 64)

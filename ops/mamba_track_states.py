@@ -49,8 +49,9 @@ __all__ = [
 
 @triton.jit
 def _copy_chunk(base, src_slot_off, dst_slot_off, start, numel, CHUNK: tl.constexpr,
-                BLOCK: tl.constexpr):
-    """Copy elements ``[start, min(start + CHUNK, numel))`` of one entry, ``BLOCK`` at a time.
+                BLOCK: tl.constexpr, LOAD_POLICY: tl.constexpr):
+    """Copy elements ``[start, min(start + CHUNK, numel))`` of one entry, ``BLOCK`` at a time,
+    loading with the L2 eviction policy ``LOAD_POLICY``.
 
     The 64-bit parts (slot offsets, ``start``) go into two scalar pointers; the per-element
     offsets stay 32-bit, which halves the registers the addresses need."""
@@ -60,7 +61,8 @@ def _copy_chunk(base, src_slot_off, dst_slot_off, start, numel, CHUNK: tl.conste
     for off in tl.static_range(0, CHUNK, BLOCK):
         offs = off + tl.arange(0, BLOCK)
         mask = offs < left
-        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+        tl.store(dst + offs, tl.load(src + offs, mask=mask, eviction_policy=LOAD_POLICY),
+                 mask=mask)
 
 
 @triton.jit
@@ -129,6 +131,7 @@ def _track_kernel(
     SSM_BLOCK: tl.constexpr,
     SCAN: tl.constexpr,
     TILE: tl.constexpr,
+    LOAD_POLICY: tl.constexpr,
 ):
     """Persistent copy of every writing row's entries, all layers.
 
@@ -136,13 +139,34 @@ def _track_kernel(
     chunk fastest; program ``p`` takes items ``p, p + P, ...``. Rows are read ``SCAN`` at a
     time: a block without a tracked row with slots in range costs one read of the three index
     tensors per program and nothing else; in a block with one, every program finds the
-    writing rows itself (no host sync, no second launch).
+    writing rows itself (no host sync, no second launch). The first block's reads are the
+    kernel's first instructions: a call that tracks nothing in a batch of at most ``SCAN``
+    rows ends after one round trip, before any of the walk's arithmetic.
 
     conv_ptr / ssm_ptr: ``[num_layers, pool, conv_numel | ssm_numel]`` through their layer and
         slot strides; entries contiguous. Chunks of ``CONV_CHUNK`` / ``SSM_CHUNK`` elements,
-        each copied in ``CONV_BLOCK`` / ``SSM_BLOCK``-element steps.
+        each copied in ``CONV_BLOCK`` / ``SSM_BLOCK``-element steps, the sources loaded with
+        the L2 eviction policy ``LOAD_POLICY``.
     src_ptr / mask_ptr / dst_ptr: ``[>= batch_size]`` any stride.
     """
+    valid, _, _ = _rows(tl.arange(0, SCAN).to(tl.int64), src_ptr, mask_ptr, dst_ptr, batch_size,
+                        pool, src_stride, mask_stride, dst_stride)
+    if (tl.sum(valid.to(tl.int32), axis=0) > 0) | (batch_size > SCAN):
+        _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num_layers,
+                      pool, conv_numel, ssm_numel, conv_layer_stride, conv_slot_stride,
+                      ssm_layer_stride, ssm_slot_stride, src_stride, mask_stride, dst_stride,
+                      CONV_CHUNK, SSM_CHUNK, CONV_BLOCK, SSM_BLOCK, SCAN, TILE, LOAD_POLICY)
+
+
+@triton.jit
+def _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num_layers, pool,
+                  conv_numel, ssm_numel, conv_layer_stride, conv_slot_stride, ssm_layer_stride,
+                  ssm_slot_stride, src_stride, mask_stride, dst_stride,
+                  CONV_CHUNK: tl.constexpr, SSM_CHUNK: tl.constexpr, CONV_BLOCK: tl.constexpr,
+                  SSM_BLOCK: tl.constexpr, SCAN: tl.constexpr, TILE: tl.constexpr,
+                  LOAD_POLICY: tl.constexpr):
+    """The walk of ``_track_kernel``: every block of rows from the first (the first block's
+    reads hit L1 again), its writers, and this program's items of each."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     conv_chunks = tl.cdiv(conv_numel, CONV_CHUNK)
@@ -172,11 +196,11 @@ def _track_kernel(
                     if chunk < conv_chunks:
                         _copy_chunk(conv_ptr + layer * conv_layer_stride, s * conv_slot_stride,
                                     d * conv_slot_stride, chunk * CONV_CHUNK, conv_numel,
-                                    CONV_CHUNK, CONV_BLOCK)
+                                    CONV_CHUNK, CONV_BLOCK, LOAD_POLICY)
                     else:
                         _copy_chunk(ssm_ptr + layer * ssm_layer_stride, s * ssm_slot_stride,
                                     d * ssm_slot_stride, (chunk - conv_chunks) * SSM_CHUNK,
-                                    ssm_numel, SSM_CHUNK, SSM_BLOCK)
+                                    ssm_numel, SSM_CHUNK, SSM_BLOCK, LOAD_POLICY)
                 phase = (phase + per_row % programs) % programs
 
 
@@ -185,9 +209,11 @@ def _track_kernel(
 # when their element sizes differ: Triton then lays each copy out on its own, with no shuffle
 # through shared memory between load and store. ``maxnreg`` 64 keeps all four programs resident
 # (ptxas, sm_90: 116-127 registers uncapped; at 64 the spills lie outside the copy loop).
-# See docs/design/mamba_track_states.md#registers-and-residency.
+# Sources loaded evict-last: the L2 then gives up the copy's written lines before the lines
+# it reads, which measured faster than the default policy and every other one.
+# See docs/design/mamba_track_states.md#registers-and-residency and #l2-eviction-policy.
 TUNING = {"chunk_bytes": 32768, "block_bytes": 32768, "block_elements": None, "num_warps": 8,
-          "programs_per_sm": 4, "maxnreg": 64}
+          "programs_per_sm": 4, "maxnreg": 64, "load_policy": "evict_last"}
 SCAN = 64
 TILE = 32
 # Programs when no GPU can be asked (tracing on a CPU-only machine): an H200's 132 SMs. The
@@ -207,10 +233,11 @@ def _programs(t: torch.Tensor, real_launch: bool) -> int:
 
 def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
                chunk_bytes=TUNING["chunk_bytes"], block_bytes=TUNING["block_bytes"],
-               block_elements=TUNING["block_elements"]):
+               block_elements=TUNING["block_elements"], load_policy=TUNING["load_policy"]):
     """The grid and every kernel parameter, in signature order, of a call on validated inputs
     (``torch.sym_min``: sizes may be symbolic). Copy steps of ``block_bytes``, or of
-    ``block_elements`` elements in both pools when that is given."""
+    ``block_elements`` elements in both pools when that is given; sources loaded with the L2
+    eviction policy ``load_policy`` (``""``: the default)."""
     conv_shape, ssm_shape = conv.shape, ssm.shape
     conv_numel, ssm_numel = math.prod(conv_shape[2:]), math.prod(ssm_shape[2:])
     conv_block = block_elements or max(1, block_bytes // conv.element_size())
@@ -226,7 +253,7 @@ def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_si
         conv_numel, ssm_numel,
         conv_strides[0], conv_strides[1], ssm_strides[0], ssm_strides[1],
         cache_indices.stride(0), mask.stride(0), track_indices.stride(0),
-        conv_chunk, ssm_chunk, conv_block, ssm_block, SCAN, TILE,
+        conv_chunk, ssm_chunk, conv_block, ssm_block, SCAN, TILE, load_policy,
     )
 
 
@@ -238,10 +265,10 @@ def _options(num_warps=TUNING["num_warps"], maxnreg=TUNING["maxnreg"]) -> tuple:
 def _launch(kernel, programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
             chunk_bytes=TUNING["chunk_bytes"], block_bytes=TUNING["block_bytes"],
             block_elements=TUNING["block_elements"], num_warps=TUNING["num_warps"],
-            maxnreg=TUNING["maxnreg"]):
+            maxnreg=TUNING["maxnreg"], load_policy=TUNING["load_policy"]):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     grid, args = _arguments(programs, conv, ssm, cache_indices, mask, track_indices,
-                            batch_size, chunk_bytes, block_bytes, block_elements)
+                            batch_size, chunk_bytes, block_bytes, block_elements, load_policy)
     runtime, constexprs = keyword_constexprs(_track_kernel, args)
     kernel[grid](*runtime, **constexprs, **dict(_options(num_warps, maxnreg)))
 

@@ -168,7 +168,7 @@ def _sm90_build(conv: str, ssm: str, index: str, mask: str, maxnreg) -> tuple:
     constexprs = {"CONV_BLOCK": blocks[conv], "SSM_BLOCK": blocks[ssm],
                   "CONV_CHUNK": max(blocks[conv], tuning["chunk_bytes"] // size[conv]),
                   "SSM_CHUNK": max(blocks[ssm], tuning["chunk_bytes"] // size[ssm]),
-                  "SCAN": op.SCAN, "TILE": op.TILE}
+                  "SCAN": op.SCAN, "TILE": op.TILE, "LOAD_POLICY": tuning["load_policy"]}
     pointers = {"conv_ptr": conv, "ssm_ptr": ssm, "src_ptr": index, "dst_ptr": index,
                 "mask_ptr": mask}
     hinted = [*pointers, "conv_numel", "ssm_numel", "conv_layer_stride", "conv_slot_stride",
@@ -205,8 +205,10 @@ def test_kernel_on_sm90_keeps_its_programs_resident_and_copies_in_registers(conv
                                                                             mask):
     """Without a GPU: compiled for sm_90 with the default tuning, every program of the grid
     (``programs_per_sm`` of ``num_warps`` warps) fits on a 64K-register SM at once; the copies
-    use 16-byte accesses, go from load to store in registers (no layout change through shared
-    memory between them), and no spill lies between a chunk's first load and last store."""
+    use 16-byte accesses, loads evict-last, go from load to store in registers (no layout
+    change through shared memory between them), and no spill lies between a chunk's first load
+    and last store. A call that tracks nothing ends after the first block's three index loads,
+    which come before any of the walk's arithmetic (a division) or a spill."""
     import re
 
     tuning = op.TUNING
@@ -214,9 +216,14 @@ def test_kernel_on_sm90_keeps_its_programs_resident_and_copies_in_registers(conv
     per_warp = -(-registers * 32 // 256) * 256  # allocated per warp in 256-register units
     assert per_warp * tuning["num_warps"] * tuning["programs_per_sm"] <= 65536, registers
     assert not re.search(r"convert_layout .*tensor<\d{4,}x", ttgir)
-    copies = [i for i, line in enumerate(sass) if "LDG.E.128" in line or "STG.E.128" in line]
+    copies = [i for i, line in enumerate(sass) if re.search(r"(LDG\.E\.EL|STG\.E)\.128", line)]
     assert copies and spilled <= 64
     assert not any(re.search(r"\b(LDL|STL)\b", line) for line in sass[copies[0]:copies[-1]])
+    assert not any("LDG.E.128" in line for line in sass)  # every copy load evict-last
+    first_exit = next(i for i, line in enumerate(sass) if "EXIT" in line)
+    head = sass[:first_exit]
+    assert sum("LDG" in line for line in head) == 3
+    assert not any(re.search(r"MUFU|\b(LDL|STL)\b", line) for line in head)
 
 
 def _interpreted_original(args: dict, all_layers: bool):

@@ -1,0 +1,77 @@
+"""Track states: what the copy leaves in L2 for the kernels after it.
+
+The kernel loads its sources evict-last (``TUNING["load_policy"]``). Lines so marked are given
+up after the normal ones, so a copy could leave the L2 holding its dead source lines while the
+next kernel's working set, loaded normally, is evicted. This measures it: after each op, a
+"victim" buffer is read twice and the second read is timed (an L2 hit if the buffer kept its
+lines). The ops: ours, ours with the default load policy, and sglang's original (``.anchor``,
+if present); "none" runs no op. L2 is flushed (a 256 MB write) before every op.
+
+    python benchmarks/experiments/mamba_track_states_l2.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from strictops.ops import mamba_track_states as m
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _harness import anchor_module  # noqa: E402
+from bench_mamba_track_states import CONV, LAYERS, POOL, REQUESTS, SSM, _index_sets  # noqa: E402
+
+REPS = 40
+
+
+def _reread_us(op, victim: torch.Tensor, flush: torch.Tensor) -> float:
+    """Median time of the victim's second read after ``op``, microseconds."""
+    times = []
+    for _ in range(REPS):
+        flush.fill_(1)
+        op()
+        victim.sum()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        victim.sum()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    sgl = anchor_module("sgl_mamba")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    conv = torch.randn(LAYERS, POOL, *CONV[0], device="cuda", generator=gen).to(CONV[1])
+    ssm = torch.randn(LAYERS, POOL, *SSM[0], device="cuda", generator=gen)
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    programs = m.TUNING["programs_per_sm"] * sms
+    ops = {
+        "none": lambda *call: None,
+        "ours": lambda *call: m.track_mamba_states_all_layers(*call),
+        "ours_default_policy": lambda *call: m._launch(m._track_kernel, programs, *call,
+                                                       load_policy=""),
+    }
+    if sgl is not None:
+        ops["original"] = lambda *call: sgl.track_mamba_states_all_layers(
+            *call, check_freed_slots=True)
+    print("victim's second read after the op, us (median of %d)" % REPS)
+    for tracked in (1, 8, 64):
+        src, mask, dst = _index_sets(tracked, gen)[0]
+        for mb in (16, 40):
+            victim = torch.ones(mb << 18, device="cuda")  # fp32: mb MiB
+            cells = []
+            for name, op in ops.items():
+                us = _reread_us(lambda op=op: op(conv, ssm, src, mask, dst, REQUESTS), victim,
+                                flush)
+                cells.append(f"{name} {us:.2f}")
+            print(f"{tracked}of{REQUESTS}_tracked, victim {mb} MiB: " + "; ".join(cells),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
