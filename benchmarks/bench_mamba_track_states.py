@@ -44,6 +44,7 @@ VARIANTS = {
     "default": {},
     "default_load_policy": {"load_policy": ""},
     "evict_first_loads": {"load_policy": "evict_first"},
+    "evict_first_stores": {"store_policy": "evict_first"},
     "no_maxnreg": {"maxnreg": None},
     "2_per_sm": {"programs_per_sm": 2},
     "2_per_sm_no_maxnreg": {"programs_per_sm": 2, "maxnreg": None},

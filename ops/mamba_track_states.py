@@ -49,9 +49,9 @@ __all__ = [
 
 @triton.jit
 def _copy_chunk(base, src_slot_off, dst_slot_off, start, numel, CHUNK: tl.constexpr,
-                BLOCK: tl.constexpr, LOAD_POLICY: tl.constexpr):
+                BLOCK: tl.constexpr, LOAD_POLICY: tl.constexpr, STORE_POLICY: tl.constexpr):
     """Copy elements ``[start, min(start + CHUNK, numel))`` of one entry, ``BLOCK`` at a time,
-    loading with the L2 eviction policy ``LOAD_POLICY``.
+    loading and storing with the L2 eviction policies ``LOAD_POLICY`` and ``STORE_POLICY``.
 
     The 64-bit parts (slot offsets, ``start``) go into two scalar pointers; the per-element
     offsets stay 32-bit, which halves the registers the addresses need."""
@@ -62,7 +62,7 @@ def _copy_chunk(base, src_slot_off, dst_slot_off, start, numel, CHUNK: tl.conste
         offs = off + tl.arange(0, BLOCK)
         mask = offs < left
         tl.store(dst + offs, tl.load(src + offs, mask=mask, eviction_policy=LOAD_POLICY),
-                 mask=mask)
+                 mask=mask, eviction_policy=STORE_POLICY)
 
 
 @triton.jit
@@ -132,6 +132,7 @@ def _track_kernel(
     SCAN: tl.constexpr,
     TILE: tl.constexpr,
     LOAD_POLICY: tl.constexpr,
+    STORE_POLICY: tl.constexpr,
 ):
     """Persistent copy of every writing row's entries, all layers.
 
@@ -145,8 +146,8 @@ def _track_kernel(
 
     conv_ptr / ssm_ptr: ``[num_layers, pool, conv_numel | ssm_numel]`` through their layer and
         slot strides; entries contiguous. Chunks of ``CONV_CHUNK`` / ``SSM_CHUNK`` elements,
-        each copied in ``CONV_BLOCK`` / ``SSM_BLOCK``-element steps, the sources loaded with
-        the L2 eviction policy ``LOAD_POLICY``.
+        each copied in ``CONV_BLOCK`` / ``SSM_BLOCK``-element steps, loaded and stored with
+        the L2 eviction policies ``LOAD_POLICY`` and ``STORE_POLICY``.
     src_ptr / mask_ptr / dst_ptr: ``[>= batch_size]`` any stride.
     """
     valid, _, _ = _rows(tl.arange(0, SCAN).to(tl.int64), src_ptr, mask_ptr, dst_ptr, batch_size,
@@ -155,7 +156,8 @@ def _track_kernel(
         _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num_layers,
                       pool, conv_numel, ssm_numel, conv_layer_stride, conv_slot_stride,
                       ssm_layer_stride, ssm_slot_stride, src_stride, mask_stride, dst_stride,
-                      CONV_CHUNK, SSM_CHUNK, CONV_BLOCK, SSM_BLOCK, SCAN, TILE, LOAD_POLICY)
+                      CONV_CHUNK, SSM_CHUNK, CONV_BLOCK, SSM_BLOCK, SCAN, TILE, LOAD_POLICY,
+                      STORE_POLICY)
 
 
 @triton.jit
@@ -164,7 +166,7 @@ def _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num
                   ssm_slot_stride, src_stride, mask_stride, dst_stride,
                   CONV_CHUNK: tl.constexpr, SSM_CHUNK: tl.constexpr, CONV_BLOCK: tl.constexpr,
                   SSM_BLOCK: tl.constexpr, SCAN: tl.constexpr, TILE: tl.constexpr,
-                  LOAD_POLICY: tl.constexpr):
+                  LOAD_POLICY: tl.constexpr, STORE_POLICY: tl.constexpr):
     """The walk of ``_track_kernel``: every block of rows from the first (the first block's
     reads hit L1 again), its writers, and this program's items of each."""
     pid = tl.program_id(0)
@@ -196,11 +198,11 @@ def _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num
                     if chunk < conv_chunks:
                         _copy_chunk(conv_ptr + layer * conv_layer_stride, s * conv_slot_stride,
                                     d * conv_slot_stride, chunk * CONV_CHUNK, conv_numel,
-                                    CONV_CHUNK, CONV_BLOCK, LOAD_POLICY)
+                                    CONV_CHUNK, CONV_BLOCK, LOAD_POLICY, STORE_POLICY)
                     else:
                         _copy_chunk(ssm_ptr + layer * ssm_layer_stride, s * ssm_slot_stride,
                                     d * ssm_slot_stride, (chunk - conv_chunks) * SSM_CHUNK,
-                                    ssm_numel, SSM_CHUNK, SSM_BLOCK, LOAD_POLICY)
+                                    ssm_numel, SSM_CHUNK, SSM_BLOCK, LOAD_POLICY, STORE_POLICY)
                 phase = (phase + per_row % programs) % programs
 
 
@@ -213,7 +215,7 @@ def _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num
 # it reads, which measured faster than the default policy and every other one.
 # See docs/design/mamba_track_states.md#registers-and-residency and #l2-eviction-policy.
 TUNING = {"chunk_bytes": 32768, "block_bytes": 32768, "block_elements": None, "num_warps": 8,
-          "programs_per_sm": 4, "maxnreg": 64, "load_policy": "evict_last"}
+          "programs_per_sm": 4, "maxnreg": 64, "load_policy": "evict_last", "store_policy": ""}
 SCAN = 64
 TILE = 32
 # Programs when no GPU can be asked (tracing on a CPU-only machine): an H200's 132 SMs. The
@@ -233,11 +235,12 @@ def _programs(t: torch.Tensor, real_launch: bool) -> int:
 
 def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
                chunk_bytes=TUNING["chunk_bytes"], block_bytes=TUNING["block_bytes"],
-               block_elements=TUNING["block_elements"], load_policy=TUNING["load_policy"]):
+               block_elements=TUNING["block_elements"], load_policy=TUNING["load_policy"],
+               store_policy=TUNING["store_policy"]):
     """The grid and every kernel parameter, in signature order, of a call on validated inputs
     (``torch.sym_min``: sizes may be symbolic). Copy steps of ``block_bytes``, or of
-    ``block_elements`` elements in both pools when that is given; sources loaded with the L2
-    eviction policy ``load_policy`` (``""``: the default)."""
+    ``block_elements`` elements in both pools when that is given; loads and stores with the L2
+    eviction policies ``load_policy`` and ``store_policy`` (``""``: the default)."""
     conv_shape, ssm_shape = conv.shape, ssm.shape
     conv_numel, ssm_numel = math.prod(conv_shape[2:]), math.prod(ssm_shape[2:])
     conv_block = block_elements or max(1, block_bytes // conv.element_size())
@@ -253,7 +256,7 @@ def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_si
         conv_numel, ssm_numel,
         conv_strides[0], conv_strides[1], ssm_strides[0], ssm_strides[1],
         cache_indices.stride(0), mask.stride(0), track_indices.stride(0),
-        conv_chunk, ssm_chunk, conv_block, ssm_block, SCAN, TILE, load_policy,
+        conv_chunk, ssm_chunk, conv_block, ssm_block, SCAN, TILE, load_policy, store_policy,
     )
 
 
@@ -265,10 +268,12 @@ def _options(num_warps=TUNING["num_warps"], maxnreg=TUNING["maxnreg"]) -> tuple:
 def _launch(kernel, programs, conv, ssm, cache_indices, mask, track_indices, batch_size,
             chunk_bytes=TUNING["chunk_bytes"], block_bytes=TUNING["block_bytes"],
             block_elements=TUNING["block_elements"], num_warps=TUNING["num_warps"],
-            maxnreg=TUNING["maxnreg"], load_policy=TUNING["load_policy"]):
+            maxnreg=TUNING["maxnreg"], load_policy=TUNING["load_policy"],
+            store_policy=TUNING["store_policy"]):
     """Launch ``kernel`` (a JIT, wrapped or interpreted Triton kernel) on validated inputs."""
     grid, args = _arguments(programs, conv, ssm, cache_indices, mask, track_indices,
-                            batch_size, chunk_bytes, block_bytes, block_elements, load_policy)
+                            batch_size, chunk_bytes, block_bytes, block_elements, load_policy,
+                            store_policy)
     runtime, constexprs = keyword_constexprs(_track_kernel, args)
     kernel[grid](*runtime, **constexprs, **dict(_options(num_warps, maxnreg)))
 

@@ -579,7 +579,8 @@ LAYER_LOOP_MAX_REGISTERS_LOADED = 128
 
 @gpu
 def test_gpu_layer_loop_kernel_loads_within_its_registers_without_spills():
-    """The layer-loop kernels as loaded on this GPU (each specialisation a call compiled) spill
+    """The layer-loop kernels as loaded on this GPU at the default tuning and the aligned
+    specialisation (entries and pointers multiples of 16, as these calls' and serving's) spill
     nothing and keep at least 4 programs of 4 warps an SM resident."""
     for dtype, index_dtype, with_rows in ((torch.float32, torch.int32, False),
                                           (torch.bfloat16, torch.int64, True)):
@@ -599,14 +600,20 @@ def test_gpu_layer_loop_kernel_loads_within_its_registers_without_spills():
     def constexprs(kernel):
         return {names[k[0]]: v for k, v in kernel.src.constants.items()}
 
+    def hinted(kernel):  # the arguments Triton specialised as multiples of 16
+        return {names[k[0]] for k, v in kernel.src.attrs.items() if ["tt.divisibility", 16] in v}
+
     def is_default(kernel):
         size = element_size.get(kernel.src.signature["dst_ptr"])
         return (size is not None and kernel.metadata.num_warps == tuning["num_warps"]
+                and {"dst_ptr", "src_ptr", "entry_numel"} <= hinted(kernel)
                 and constexprs(kernel).items() >= {
                     **default, "BLOCK": max(tuning["block_bytes"] // size, 16)}.items())
 
-    # Other tests of this process may have compiled other tunings (other chunk sizes, layer
-    # groups or warps): the default's kernels only, one a dtype here.
+    # Other tests of this process compile other tunings (chunk sizes, layer groups, warps)
+    # and other specialisations (entries or pointers not multiples of 16, which copy without
+    # 16-byte vectors): the default tuning at the aligned specialisation of serving shapes
+    # and of these calls only.
     compiled = [k for k in op._layer_loop_kernel.device_caches[torch.cuda.current_device()][0]
                 .values() if is_default(k)]
     assert len(compiled) >= 2

@@ -168,7 +168,8 @@ def _sm90_build(conv: str, ssm: str, index: str, mask: str, maxnreg) -> tuple:
     constexprs = {"CONV_BLOCK": blocks[conv], "SSM_BLOCK": blocks[ssm],
                   "CONV_CHUNK": max(blocks[conv], tuning["chunk_bytes"] // size[conv]),
                   "SSM_CHUNK": max(blocks[ssm], tuning["chunk_bytes"] // size[ssm]),
-                  "SCAN": op.SCAN, "TILE": op.TILE, "LOAD_POLICY": tuning["load_policy"]}
+                  "SCAN": op.SCAN, "TILE": op.TILE, "LOAD_POLICY": tuning["load_policy"],
+                  "STORE_POLICY": tuning["store_policy"]}
     pointers = {"conv_ptr": conv, "ssm_ptr": ssm, "src_ptr": index, "dst_ptr": index,
                 "mask_ptr": mask}
     hinted = [*pointers, "conv_numel", "ssm_numel", "conv_layer_stride", "conv_slot_stride",
@@ -314,6 +315,7 @@ def test_gpu_bit_equal_to_the_original_at_model_shapes(all_layers):
 
 @gpu
 @pytest.mark.parametrize("tuning", [{}, {"maxnreg": None}, {"block_bytes": 16384},
+                                    {"load_policy": "", "store_policy": "evict_first"},
                                     {"block_elements": 8192},
                                     {"chunk_bytes": 16384, "block_bytes": 16384},
                                     {"chunk_bytes": 256, "block_bytes": 64}])

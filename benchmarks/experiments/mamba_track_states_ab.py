@@ -121,11 +121,11 @@ def _old_kernel(
             if chunk < conv_chunks:
                 _copy_chunk(conv_ptr + layer * conv_layer_stride, s * conv_slot_stride,
                             d * conv_slot_stride, chunk * CONV_CHUNK, conv_numel, CONV_CHUNK,
-                            BLOCK, "")
+                            BLOCK, "", "")
             else:
                 _copy_chunk(ssm_ptr + layer * ssm_layer_stride, s * ssm_slot_stride,
                             d * ssm_slot_stride, (chunk - conv_chunks) * SSM_CHUNK, ssm_numel,
-                            SSM_CHUNK, BLOCK, "")
+                            SSM_CHUNK, BLOCK, "", "")
         done += count
 
 
@@ -187,11 +187,11 @@ def _hybrid_kernel(
                 if chunk < conv_chunks:
                     _copy_chunk(conv_ptr + layer * conv_layer_stride, s * conv_slot_stride,
                                 d * conv_slot_stride, chunk * CONV_CHUNK, conv_numel,
-                                CONV_CHUNK, BLOCK, "")
+                                CONV_CHUNK, BLOCK, "", "")
                 else:
                     _copy_chunk(ssm_ptr + layer * ssm_layer_stride, s * ssm_slot_stride,
                                 d * ssm_slot_stride, (chunk - conv_chunks) * SSM_CHUNK,
-                                ssm_numel, SSM_CHUNK, BLOCK, "")
+                                ssm_numel, SSM_CHUNK, BLOCK, "", "")
             done += count
 
 
