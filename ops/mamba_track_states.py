@@ -211,8 +211,8 @@ def _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num
 # when their element sizes differ: Triton then lays each copy out on its own, with no shuffle
 # through shared memory between load and store. ``maxnreg`` 64 keeps all four programs resident
 # (ptxas, sm_90: 116-127 registers uncapped; at 64 the spills lie outside the copy loop).
-# Sources loaded evict-last: the L2 then gives up the copy's written lines before the lines
-# it reads, which measured faster than the default policy and every other one.
+# Sources loaded evict-last (the L2 gives up the copy's written lines before its read ones):
+# faster than the default policy at every row count that copies; stores keep the default.
 # See docs/design/mamba_track_states.md#registers-and-residency and #l2-eviction-policy.
 TUNING = {"chunk_bytes": 32768, "block_bytes": 32768, "block_elements": None, "num_warps": 8,
           "programs_per_sm": 4, "maxnreg": 64, "load_policy": "evict_last", "store_policy": ""}
