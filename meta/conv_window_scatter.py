@@ -106,7 +106,6 @@ PAIR_RULES: dict[str, tuple[Callable, Callable]] = {
 # Rows that read the storage's size, which a cached verdict's metadata signature does not hold:
 # inside_storage rows, on each pair's tensor of this index (0: dst, 1: src).
 INSIDE = {"src_inside_storage": 1, "dst_inside_storage": 0}
-READS_MEMORY = frozenset(INSIDE)
 
 
 def pair_check(rule: str, op: str, pairs: Callable, prefix: Callable[[int], str]) -> Check:

@@ -33,6 +33,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import conv_window_scatter_multi as contract
+from strictops.meta._contract import sym_max
 
 from . import conv_window_scatter as one
 from ._dispatch import can_skip_dispatcher
@@ -160,7 +161,7 @@ def _arguments(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw, step_
     for dst, src in pairs:
         shape, d, s = dst.shape, dst.stride(), src.stride()
         pair_args += [dst, src, shape[2], shape[3], d[0], d[1], s[0], s[1], s[2], s[3], s[4]]
-        chunks = torch.sym_max(chunks, (shape[2] * shape[3] + block - 1) // block)
+        chunks = sym_max(chunks, (shape[2] * shape[3] + block - 1) // block)
     pair_args += [None] * (PAIR_ARGS * (contract.MAX_PAIRS - len(pairs)))
     if step_indices2_raw is None:  # no second set: any tensors, never read
         dst_indices2_raw, step_indices2_raw = dst_indices_raw, step_indices_raw

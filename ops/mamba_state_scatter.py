@@ -42,6 +42,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import mamba_state_scatter as contract
+from strictops.meta._contract import sym_min
 
 from ._dispatch import can_skip_dispatcher
 from ._interpret import interpreted
@@ -401,9 +402,7 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
     if programs is None:
         programs = TUNING["persistent"]["programs_per_sm"] * _sm_count(dst.get_device())
     items = n_requests * shape[0] * ((entry_numel + chunk - 1) // chunk)
-    # torch.sym_min only for symbolic sizes: on ints it costs more than the rest here.
-    grid = min(items, programs) if items.__class__ is int else torch.sym_min(items, programs)
-    return (grid, 1, 1), (
+    return (sym_min(items, programs), 1, 1), (
         dst, src, dst_indices_raw, step_indices_raw, src_idx,
         n_requests, shape[0], shape[1], src_shape[1], src_shape[2], entry_numel,
         dst_strides[0], dst_strides[1],

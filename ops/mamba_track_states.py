@@ -32,7 +32,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta import mamba_track_states as contract
-from strictops.meta._contract import CachedValidation
+from strictops.meta._contract import CachedValidation, sym_min
 
 from ._dispatch import can_skip_dispatcher, on_device_of
 from ._interpret import interpreted
@@ -238,7 +238,7 @@ def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_si
                block_elements=TUNING["block_elements"], load_policy=TUNING["load_policy"],
                store_policy=TUNING["store_policy"]):
     """The grid and every kernel parameter, in signature order, of a call on validated inputs
-    (``torch.sym_min``: sizes may be symbolic). Copy steps of ``block_bytes``, or of
+    (``sym_min``: sizes may be symbolic). Copy steps of ``block_bytes``, or of
     ``block_elements`` elements in both pools when that is given; loads and stores with the L2
     eviction policies ``load_policy`` and ``store_policy`` (``""``: the default)."""
     conv_shape, ssm_shape = conv.shape, ssm.shape
@@ -250,9 +250,9 @@ def _arguments(programs, conv, ssm, cache_indices, mask, track_indices, batch_si
     items = batch_size * conv_shape[0] * (
         (conv_numel + conv_chunk - 1) // conv_chunk + (ssm_numel + ssm_chunk - 1) // ssm_chunk)
     conv_strides, ssm_strides = conv.stride(), ssm.stride()
-    return (torch.sym_min(items, programs), 1, 1), (
+    return (sym_min(items, programs), 1, 1), (
         conv, ssm, cache_indices, mask, track_indices,
-        batch_size, conv_shape[0], torch.sym_min(conv_shape[1], ssm_shape[1]),
+        batch_size, conv_shape[0], sym_min(conv_shape[1], ssm_shape[1]),
         conv_numel, ssm_numel,
         conv_strides[0], conv_strides[1], ssm_strides[0], ssm_strides[1],
         cache_indices.stride(0), mask.stride(0), track_indices.stride(0),
