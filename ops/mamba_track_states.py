@@ -72,14 +72,20 @@ def _sum_pair(a0, b0, a1, b1):
 
 
 @triton.jit
+def _tracked(rows, mask_ptr, batch_size, mask_stride):
+    """Rows ``rows`` (int64): whether each is in the batch and marked in the mask."""
+    # != 0, not a cast: a wide mask value like 2**32 must not truncate to 0
+    return tl.load(mask_ptr + rows * mask_stride, mask=rows < batch_size, other=0) != 0
+
+
+@triton.jit
 def _rows(rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool, src_stride, mask_stride,
           dst_stride):
     """Rows ``rows`` (int64; those past ``batch_size`` read nothing): whether each writes if no
     later row takes its track slot (tracked, both slots in ``[0, pool)``), and its cache and
     track slots (int64). The three reads are independent: one round trip."""
     in_batch = rows < batch_size
-    # != 0, not a cast: a wide mask value like 2**32 must not truncate to 0
-    tracked = tl.load(mask_ptr + rows * mask_stride, mask=in_batch, other=0) != 0
+    tracked = _tracked(rows, mask_ptr, batch_size, mask_stride)
     src = tl.load(src_ptr + rows * src_stride, mask=in_batch, other=-1).to(tl.int64)
     dst = tl.load(dst_ptr + rows * dst_stride, mask=in_batch, other=-1).to(tl.int64)
     valid = in_batch & tracked & (src >= 0) & (src < pool) & (dst >= 0) & (dst < pool)
@@ -140,9 +146,9 @@ def _track_kernel(
     chunk fastest; program ``p`` takes items ``p, p + P, ...``. Rows are read ``SCAN`` at a
     time: a block without a tracked row with slots in range costs one read of the three index
     tensors per program and nothing else; in a block with one, every program finds the
-    writing rows itself (no host sync, no second launch). The first block's reads are the
-    kernel's first instructions: a call that tracks nothing in a batch of at most ``SCAN``
-    rows ends after one round trip, before any of the walk's arithmetic.
+    writing rows itself (no host sync, no second launch). The first block's mask read is the
+    kernel's first instruction: a call that marks no row in a batch of at most ``SCAN`` rows
+    ends after that one read, before the slot reads and any of the walk's arithmetic.
 
     conv_ptr / ssm_ptr: ``[num_layers, pool, conv_numel | ssm_numel]`` through their layer and
         slot strides; entries contiguous. Chunks of ``CONV_CHUNK`` / ``SSM_CHUNK`` elements,
@@ -150,9 +156,8 @@ def _track_kernel(
         the L2 eviction policies ``LOAD_POLICY`` and ``STORE_POLICY``.
     src_ptr / mask_ptr / dst_ptr: ``[>= batch_size]`` any stride.
     """
-    valid, _, _ = _rows(tl.arange(0, SCAN).to(tl.int64), src_ptr, mask_ptr, dst_ptr, batch_size,
-                        pool, src_stride, mask_stride, dst_stride)
-    if (tl.sum(valid.to(tl.int32), axis=0) > 0) | (batch_size > SCAN):
+    first = _tracked(tl.arange(0, SCAN).to(tl.int64), mask_ptr, batch_size, mask_stride)
+    if (tl.max(first.to(tl.int32), axis=0) > 0) | (batch_size > SCAN):
         _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num_layers,
                       pool, conv_numel, ssm_numel, conv_layer_stride, conv_slot_stride,
                       ssm_layer_stride, ssm_slot_stride, src_stride, mask_stride, dst_stride,
@@ -168,7 +173,7 @@ def _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num
                   SSM_BLOCK: tl.constexpr, SCAN: tl.constexpr, TILE: tl.constexpr,
                   LOAD_POLICY: tl.constexpr, STORE_POLICY: tl.constexpr):
     """The walk of ``_track_kernel``: every block of rows from the first (the first block's
-    reads hit L1 again), its writers, and this program's items of each."""
+    mask read hits L1 again), its writers, and this program's items of each."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     conv_chunks = tl.cdiv(conv_numel, CONV_CHUNK)
@@ -211,11 +216,13 @@ def _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num
 # when their element sizes differ: Triton then lays each copy out on its own, with no shuffle
 # through shared memory between load and store. ``maxnreg`` 64 keeps all four programs resident
 # (ptxas, sm_90: 116-127 registers uncapped; at 64 the spills lie outside the copy loop).
-# Sources loaded evict-last (the L2 gives up the copy's written lines before its read ones):
-# faster than the default policy at every row count that copies; stores keep the default.
+# Sources loaded evict-last and destinations stored evict-first (the L2 gives up the copy's
+# written lines before its read ones): each faster than the default policy at every row count
+# that copies.
 # See docs/design/mamba_track_states.md#registers-and-residency and #l2-eviction-policy.
 TUNING = {"chunk_bytes": 32768, "block_bytes": 32768, "block_elements": None, "num_warps": 8,
-          "programs_per_sm": 4, "maxnreg": 64, "load_policy": "evict_last", "store_policy": ""}
+          "programs_per_sm": 4, "maxnreg": 64, "load_policy": "evict_last",
+          "store_policy": "evict_first"}
 SCAN = 64
 TILE = 32
 # Programs when no GPU can be asked (tracing on a CPU-only machine): an H200's 132 SMs. The

@@ -5,11 +5,14 @@ replay), at 0, 1, 8 and 64 tracked rows of 64.
 The variant kernel is the op's (``ops/mamba_track_states``: the same row reads, writer
 resolution and chunk copy, imported) with switches:
 
-- ``ENTRY``: ``"early"`` (the op's: the first block's three index reads are the kernel's first
-  instructions, and a call that tracks nothing in one block ends there), ``"late"`` (the walk's
-  set-up first: its divisions, then the reads), ``"mask_first"`` (the mask alone first; the
-  slots only for a block with a tracked row), with ``PREFETCH`` an L2 prefetch of the slots
-  issued beside the mask read (inline PTX).
+- ``ENTRY``: ``"early_mask"`` (the op's: the first block's mask read is the kernel's first
+  instruction, and a call that marks no row in one block ends there; the walk then reads the
+  block's three tensors), ``"early"`` (the first block's three index reads first, the exit on
+  a row that would write), ``"late"`` (the walk's set-up first: its divisions, then the
+  reads), ``"mask_first"`` (after the walk's set-up, each block's mask alone first; the slots
+  only for a block with a tracked row). With ``PREFETCH`` an L2 prefetch of the slots is
+  issued beside the mask read (inline PTX): 1 from every thread, 2 from the first ``SCAN``
+  threads only (each row once).
 - ``BARRIER``: a barrier before every work item (the program's warps in step).
 - ``LAYER_FAST``: items ordered (row, chunk, layer), the layer fastest.
 - ``RELOAD``: each item reads its writer's two slots from memory again (L1 hits), as sglang's
@@ -42,11 +45,22 @@ from bench_mamba_track_states import (  # noqa: E402
 
 
 @triton.jit
-def _prefetch_l2(ptrs, mask):
-    """An L2 prefetch of every address of ``ptrs`` where ``mask`` (no register waits on it)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+def _prefetch_l2(ptrs, mask, MODE: tl.constexpr):
+    """An L2 prefetch of every address of ``ptrs`` where ``mask`` (no register waits on it):
+    from every thread holding it (``MODE`` 1), or from threads below ``ptrs``' length only
+    (2: a row held by several warps is prefetched once)."""
+    if MODE == 1:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        length = tl.full(ptrs.shape, ptrs.shape[0], tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.ne.b32 p, $2, 0; "
+            "setp.lt.u32 q, t, $3; and.pred p, p, q; "
+            "@p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r,r", [ptrs, mask.to(tl.int32), length], dtype=tl.int32, is_pure=False,
+            pack=1)
 
 
 @triton.jit(do_not_specialize=["batch_size", "num_layers", "pool"])
@@ -64,6 +78,14 @@ def _variant_kernel(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, n
         valid, _, _ = _rows(tl.arange(0, SCAN).to(tl.int64), src_ptr, mask_ptr, dst_ptr,
                             batch_size, pool, src_stride, mask_stride, dst_stride)
         go = (tl.sum(valid.to(tl.int32), axis=0) > 0) | (batch_size > SCAN)
+    if ENTRY == "early_mask":
+        first = tl.arange(0, SCAN).to(tl.int64)
+        in_first = first < batch_size
+        marked = tl.load(mask_ptr + first * mask_stride, mask=in_first, other=0) != 0
+        if PREFETCH:
+            _prefetch_l2(src_ptr + first * src_stride, in_first, PREFETCH)
+            _prefetch_l2(dst_ptr + first * dst_stride, in_first, PREFETCH)
+        go = (tl.max(marked.to(tl.int32), axis=0) > 0) | (batch_size > SCAN)
     if go:
         pid = tl.program_id(0)
         programs = tl.num_programs(0)
@@ -78,8 +100,8 @@ def _variant_kernel(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, n
                 in_batch = rows < batch_size
                 marked = tl.load(mask_ptr + rows * mask_stride, mask=in_batch, other=0) != 0
                 if PREFETCH:
-                    _prefetch_l2(src_ptr + rows * src_stride, in_batch)
-                    _prefetch_l2(dst_ptr + rows * dst_stride, in_batch)
+                    _prefetch_l2(src_ptr + rows * src_stride, in_batch, PREFETCH)
+                    _prefetch_l2(dst_ptr + rows * dst_stride, in_batch, PREFETCH)
                 tracked = tl.max(marked.to(tl.int32), axis=0) > 0
             if tracked:
                 valid, src, dst = _rows(rows, src_ptr, mask_ptr, dst_ptr, batch_size, pool,
@@ -122,7 +144,7 @@ def _variant_kernel(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, n
                         phase = (phase + per_row % programs) % programs
 
 
-def variant(entry="early", prefetch=False, barrier=False, layer_fast=False, reload=False,
+def variant(entry="early", prefetch=0, barrier=False, layer_fast=False, reload=False,
             load_policy="", store_policy="", programs_per_sm=None, num_warps=None,
             maxnreg=m.TUNING["maxnreg"], **tuning):
     """A launch ``fn(conv, ssm, src, mask, dst, batch_size)`` of the variant kernel, with the
@@ -161,10 +183,16 @@ VARIANTS = {
     "late_evict_first_loads_evict_last_stores": variant(entry="late", load_policy=EVICT_FIRST,
                                                         store_policy=EVICT_LAST),
     "mask_first": variant(entry="mask_first"),
-    "mask_first_prefetch": variant(entry="mask_first", prefetch=True),
-    "mask_first_prefetch_2_per_sm_no_maxnreg": variant(entry="mask_first", prefetch=True,
+    "mask_first_evict_last_loads_evict_first_stores": variant(
+        entry="mask_first", load_policy=EVICT_LAST, store_policy=EVICT_FIRST),
+    "mask_first_prefetch": variant(entry="mask_first", prefetch=1),
+    "mask_first_prefetch_2_per_sm_no_maxnreg": variant(entry="mask_first", prefetch=1,
                                                        programs_per_sm=2, maxnreg=None),
     "early": variant(),
+    "early_mask_evict_last_loads_evict_first_stores": variant(
+        entry="early_mask", load_policy=EVICT_LAST, store_policy=EVICT_FIRST),
+    "early_mask_prefetch_once_evict_last_loads_evict_first_stores": variant(
+        entry="early_mask", prefetch=2, load_policy=EVICT_LAST, store_policy=EVICT_FIRST),
     "early_reload": variant(reload=True),
     "early_2_per_sm_no_maxnreg": variant(programs_per_sm=2, maxnreg=None),
     "early_evict_last_loads": variant(load_policy=EVICT_LAST),
