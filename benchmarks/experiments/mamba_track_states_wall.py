@@ -1,0 +1,69 @@
+"""Track states: the eager wall time of back-to-back identical calls, per L2 policy.
+
+``wall_us`` of the benchmark's harness (windows of back-to-back calls on one index set, no L2
+flush between them, synchronised per window) beside the per-call graph time (20 calls a
+graph, 20 index sets), three rounds in alternating order. The op itself, the kernel launched
+through the op's argument builder with ``TUNING`` changed (``launch_*``, so that only the
+tuning differs between them), and sglang's original (``.anchor``, if present). Model shapes
+as in ``benchmarks/bench_mamba_track_states.py``; µs.
+
+    python benchmarks/experiments/mamba_track_states_wall.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from strictops.ops import mamba_track_states as m
+from strictops.ops import track_mamba_states_all_layers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _harness import anchor_module, graph_replay_us, wall_us  # noqa: E402
+from bench_mamba_track_states import (  # noqa: E402
+    CALLS, CONV, LAYERS, POOL, REQUESTS, SSM, _cycling, _index_sets)
+
+# (tracked rows, calls a wall window)
+ROWS = ((0, 1000), (1, 500), (8, 100), (64, 20))
+TUNINGS = {"launch_default": {}, "launch_default_store_policy": {"store_policy": ""},
+           "launch_evict_last_stores": {"store_policy": "evict_last"},
+           "launch_default_load_policy": {"load_policy": ""}}
+
+
+def _launch(change: dict):
+    tuning = {**m.TUNING, **change}
+    programs = tuning.pop("programs_per_sm") * torch.cuda.get_device_properties(
+        0).multi_processor_count
+    return lambda *call: m._launch(m._track_kernel, programs, *call, **tuning)
+
+
+def main() -> None:
+    kernels = {"op": track_mamba_states_all_layers,
+               **{name: _launch(change) for name, change in TUNINGS.items()}}
+    sgl = anchor_module("sgl_mamba")
+    if sgl is not None:
+        kernels["original"] = lambda *call: sgl.track_mamba_states_all_layers(
+            *call, check_freed_slots=True)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    conv = torch.randn(LAYERS, POOL, *CONV[0], device="cuda", generator=gen).to(CONV[1])
+    ssm = torch.randn(LAYERS, POOL, *SSM[0], device="cuda", generator=gen)
+    print("per kernel and round: wall median | wall min | graph per call")
+    for tracked, calls in ROWS:
+        sets = _index_sets(tracked, gen)
+        out = {name: [] for name in kernels}
+        for rnd in range(3):
+            for name in (list(kernels) if rnd % 2 == 0 else list(reversed(kernels))):
+                kernel = kernels[name]
+                median, least = wall_us(lambda: kernel(conv, ssm, *sets[0], REQUESTS),
+                                        calls=calls, windows=7)
+                graph = graph_replay_us(_cycling(kernel, conv, ssm, sets), calls=CALLS)
+                out[name].append(f"{median:.1f}|{least:.1f}|{graph:.2f}")
+        print(f"{tracked}of{REQUESTS}_tracked")
+        for name, rounds in out.items():
+            print(f"  {name:28s} " + "  ".join(rounds), flush=True)
+
+
+if __name__ == "__main__":
+    main()
