@@ -62,6 +62,22 @@ def _original():
     return None if sgl is None else sgl.track_mamba_states_all_layers
 
 
+def with_original(kernels: dict) -> dict:
+    """``kernels`` (name: ``fn(conv, ssm, src, mask, dst, batch_size)``) and, where ``.anchor``
+    holds it, sglang's original as ``"original"``, skipping freed (-1) slots as the op does."""
+    original = _original()
+    if original is not None:
+        kernels["original"] = lambda *call: original(*call, check_freed_slots=True)
+    return kernels
+
+
+def model_pools(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random conv ``[LAYERS, POOL, 2048, 3]`` bf16 and SSM ``[LAYERS, POOL, 8, 128, 128]`` fp32
+    pools on the GPU."""
+    conv = torch.randn(LAYERS, POOL, *CONV[0], device="cuda", generator=gen).to(CONV[1])
+    return conv, torch.randn(LAYERS, POOL, *SSM[0], device="cuda", generator=gen)
+
+
 def _index_sets(tracked: int, gen: torch.Generator) -> list[tuple]:
     """``CALLS`` (cache slots, mask, track slots): cache slots in the pool's lower half, track
     slots in its upper half, ``tracked`` rows tracked; the sets' tracked rows differ."""
@@ -107,8 +123,7 @@ def main() -> None:
     report.ceilings["trivial_kernel_graph_replay_us"] = graph_replay_us(lambda: one.add_(1))
     report.ceilings["trivial_kernel_graph_call_us"] = graph_replay_us(lambda: one.add_(1),
                                                                       calls=CALLS)
-    conv = torch.randn(LAYERS, POOL, *CONV[0], device="cuda", generator=gen).to(CONV[1])
-    ssm = torch.randn(LAYERS, POOL, *SSM[0], device="cuda", generator=gen)
+    conv, ssm = model_pools(gen)
     entry_bytes = conv[0, 0].numel() * conv.element_size() + ssm[0, 0].numel() * 4
     for tracked in TRACKED:
         sets = _index_sets(tracked, gen)

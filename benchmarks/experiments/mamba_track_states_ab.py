@@ -29,9 +29,9 @@ from strictops.ops import mamba_track_states as m
 from strictops.ops.mamba_track_states import _copy_chunk
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _harness import anchor_module, graph_replay_us  # noqa: E402
+from _harness import graph_replay_us  # noqa: E402
 from bench_mamba_track_states import (  # noqa: E402
-    CALLS, CONV, LAYERS, POOL, REQUESTS, SSM, TRACKED, _cycling, _index_sets)
+    CALLS, REQUESTS, TRACKED, _cycling, _index_sets, model_pools, with_original)
 
 
 @triton.jit
@@ -164,17 +164,12 @@ def _old_launch(conv, ssm, src, mask, dst, batch_size, current_rows=False, per_s
 
 
 def main() -> None:
-    sgl = anchor_module("sgl_mamba")
-    kernels = {"previous": _old_launch, "current": m.track_mamba_states_all_layers,
-               "hybrid": lambda *call: _old_launch(*call, current_rows=True),
-               "hybrid_2_per_sm": lambda *call: _old_launch(*call, current_rows=True,
-                                                             per_sm=2)}
-    if sgl is not None:
-        kernels["original"] = lambda *call: sgl.track_mamba_states_all_layers(
-            *call, check_freed_slots=True)
+    kernels = with_original({
+        "previous": _old_launch, "current": m.track_mamba_states_all_layers,
+        "hybrid": lambda *call: _old_launch(*call, current_rows=True),
+        "hybrid_2_per_sm": lambda *call: _old_launch(*call, current_rows=True, per_sm=2)})
     gen = torch.Generator(device="cuda").manual_seed(20261201)
-    conv = torch.randn(LAYERS, POOL, *CONV[0], device="cuda", generator=gen).to(CONV[1])
-    ssm = torch.randn(LAYERS, POOL, *SSM[0], device="cuda", generator=gen)
+    conv, ssm = model_pools(gen)
     print(f"us per call, graph of {CALLS} calls (L2 flushed per replay) | graph of 1 call")
     for tracked in TRACKED:
         sets = _index_sets(tracked, gen)

@@ -20,8 +20,8 @@ import torch
 from strictops.ops import mamba_track_states as m
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _harness import anchor_module  # noqa: E402
-from bench_mamba_track_states import CONV, LAYERS, POOL, REQUESTS, SSM, _index_sets  # noqa: E402
+from bench_mamba_track_states import (  # noqa: E402
+    REQUESTS, _index_sets, model_pools, with_original)
 
 REPS = 40
 
@@ -43,22 +43,17 @@ def _reread_us(op, victim: torch.Tensor, flush: torch.Tensor) -> float:
 
 
 def main() -> None:
-    sgl = anchor_module("sgl_mamba")
     gen = torch.Generator(device="cuda").manual_seed(7)
-    conv = torch.randn(LAYERS, POOL, *CONV[0], device="cuda", generator=gen).to(CONV[1])
-    ssm = torch.randn(LAYERS, POOL, *SSM[0], device="cuda", generator=gen)
+    conv, ssm = model_pools(gen)
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     programs = m.TUNING["programs_per_sm"] * sms
-    ops = {
+    ops = with_original({
         "none": lambda *call: None,
         "ours": lambda *call: m.track_mamba_states_all_layers(*call),
         "ours_default_policy": lambda *call: m._launch(m._track_kernel, programs, *call,
                                                        load_policy=""),
-    }
-    if sgl is not None:
-        ops["original"] = lambda *call: sgl.track_mamba_states_all_layers(
-            *call, check_freed_slots=True)
+    })
     print("victim's second read after the op, us (median of %d)" % REPS)
     for tracked in (1, 8, 64):
         src, mask, dst = _index_sets(tracked, gen)[0]

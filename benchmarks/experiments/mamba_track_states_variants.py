@@ -39,9 +39,9 @@ from strictops.ops import mamba_track_states as m
 from strictops.ops.mamba_track_states import _copy_chunk, _rows, _sum_pair, _writers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _harness import anchor_module, graph_replay_us  # noqa: E402
+from _harness import graph_replay_us  # noqa: E402
 from bench_mamba_track_states import (  # noqa: E402
-    CALLS, CONV, LAYERS, POOL, REQUESTS, SSM, TRACKED, _cycling, _index_sets)
+    CALLS, REQUESTS, TRACKED, _cycling, _index_sets, model_pools, with_original)
 
 
 @triton.jit
@@ -205,14 +205,10 @@ VARIANTS = {
 
 def main() -> None:
     chosen = sys.argv[1:] or list(VARIANTS)
-    kernels = {"op": m.track_mamba_states_all_layers, **{n: VARIANTS[n] for n in chosen}}
-    sgl = anchor_module("sgl_mamba")
-    if sgl is not None:
-        kernels["original"] = lambda *call: sgl.track_mamba_states_all_layers(
-            *call, check_freed_slots=True)
+    kernels = with_original({"op": m.track_mamba_states_all_layers,
+                             **{n: VARIANTS[n] for n in chosen}})
     gen = torch.Generator(device="cuda").manual_seed(20261202)
-    conv = torch.randn(LAYERS, POOL, *CONV[0], device="cuda", generator=gen).to(CONV[1])
-    ssm = torch.randn(LAYERS, POOL, *SSM[0], device="cuda", generator=gen)
+    conv, ssm = model_pools(gen)
     print(f"us per call, graph of {CALLS} calls (L2 flushed per replay): two rounds, the "
           "second in reverse order")
     for tracked in TRACKED:

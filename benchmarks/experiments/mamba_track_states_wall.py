@@ -21,9 +21,9 @@ from strictops.ops import mamba_track_states as m
 from strictops.ops import track_mamba_states_all_layers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _harness import anchor_module, graph_replay_us, wall_us  # noqa: E402
+from _harness import graph_replay_us, wall_us  # noqa: E402
 from bench_mamba_track_states import (  # noqa: E402
-    CALLS, CONV, LAYERS, POOL, REQUESTS, SSM, _cycling, _index_sets)
+    CALLS, REQUESTS, _cycling, _index_sets, model_pools, with_original)
 
 # (tracked rows, calls a wall window)
 ROWS = ((0, 1000), (1, 500), (8, 100), (64, 20))
@@ -40,15 +40,10 @@ def _launch(change: dict):
 
 
 def main() -> None:
-    kernels = {"op": track_mamba_states_all_layers,
-               **{name: _launch(change) for name, change in TUNINGS.items()}}
-    sgl = anchor_module("sgl_mamba")
-    if sgl is not None:
-        kernels["original"] = lambda *call: sgl.track_mamba_states_all_layers(
-            *call, check_freed_slots=True)
+    kernels = with_original({"op": track_mamba_states_all_layers,
+                             **{name: _launch(change) for name, change in TUNINGS.items()}})
     gen = torch.Generator(device="cuda").manual_seed(5)
-    conv = torch.randn(LAYERS, POOL, *CONV[0], device="cuda", generator=gen).to(CONV[1])
-    ssm = torch.randn(LAYERS, POOL, *SSM[0], device="cuda", generator=gen)
+    conv, ssm = model_pools(gen)
     print("per kernel and round: wall median | wall min | graph per call")
     for tracked, calls in ROWS:
         sets = _index_sets(tracked, gen)
