@@ -239,26 +239,14 @@ def _per_chunk_kernel(
         row = tl.load(src_idx_ptr + req * src_idx_stride).to(tl.int64)
     else:
         row = req.to(tl.int64)
-    valid = (step >= 0) & (step < draft_tokens) & (slot >= 0) & (slot < cache_size)
-    valid = valid & (row >= 0) & (row < spec_size)
-
-    # Last writer wins: skip if a later valid request targets the same slot. The scan's loads
-    # do not depend on this request's indices, so they are in flight together with them and
-    # the data copy waits for one round of index loads, not two.
-    later = tl.zeros([SCAN], dtype=tl.int32)
-    for j0 in range(0, n_requests, SCAN):
-        j = j0 + tl.arange(0, SCAN)
-        in_range = (j > req) & (j < n_requests)
-        s_j = tl.load(step_idx_ptr + j * step_idx_stride, mask=in_range, other=-1).to(tl.int64)
-        d_j = tl.load(dst_idx_ptr + j * dst_idx_stride, mask=in_range, other=-1).to(tl.int64)
-        if HAS_SRC_INDICES:
-            r_j = tl.load(src_idx_ptr + j * src_idx_stride, mask=in_range, other=-1).to(tl.int64)
-        else:
-            r_j = j.to(tl.int64)
-        v_j = in_range & (s_j >= 0) & (s_j < draft_tokens) & (d_j == slot)
-        v_j = v_j & (r_j >= 0) & (r_j < spec_size)
-        later = later | v_j.to(tl.int32)
-    if (not valid) or (tl.max(later, axis=0) > 0):
+    valid = request_is_valid(slot, row, step, cache_size, spec_size, draft_tokens)
+    # Last writer wins: skip if a later valid request targets the same slot (the scan's loads
+    # are in flight together with this request's, so the copy waits for one round of index
+    # loads, not two).
+    later = written_later(slot, req + 1, n_requests, dst_idx_ptr, step_idx_ptr, src_idx_ptr,
+                          dst_idx_stride, step_idx_stride, src_idx_stride, cache_size,
+                          spec_size, draft_tokens, HAS_SRC_INDICES, SCAN)
+    if (not valid) or later:
         return
 
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
