@@ -104,12 +104,17 @@ def _cycling(call, conv, ssm, sets):
     return fn
 
 
+def tuned_launch(change: dict):
+    """``fn(conv, ssm, src, mask, dst, batch_size)``: the kernel launched through the op's
+    argument builder with ``m.TUNING`` changed by ``change``, on validated inputs."""
+    tuning = {**m.TUNING, **change}
+    programs = tuning.pop("programs_per_sm") * torch.cuda.get_device_properties(
+        0).multi_processor_count
+    return lambda *call: m._launch(m._track_kernel, programs, *call, **tuning)
+
+
 def _variant_us(conv, ssm, sets, variant: dict) -> float:
-    tuning = {**m.TUNING, **variant}
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    programs = tuning.pop("programs_per_sm") * sms
-    launch = lambda *call: m._launch(m._track_kernel, programs, *call, **tuning)  # noqa: E731
-    return graph_replay_us(_cycling(launch, conv, ssm, sets), calls=CALLS)
+    return graph_replay_us(_cycling(tuned_launch(variant), conv, ssm, sets), calls=CALLS)
 
 
 def main() -> None:

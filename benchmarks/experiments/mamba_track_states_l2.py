@@ -1,11 +1,12 @@
 """Track states: what the copy leaves in L2 for the kernels after it.
 
-The kernel loads its sources evict-last (``TUNING["load_policy"]``). Lines so marked are given
-up after the normal ones, so a copy could leave the L2 holding its dead source lines while the
-next kernel's working set, loaded normally, is evicted. This measures it: after each op, a
+The kernel loads its sources evict-last and stores evict-first (``TUNING["load_policy"]``,
+``TUNING["store_policy"]``). Lines loaded evict-last are given up after the normal ones, so a
+copy could leave the L2 holding its dead source lines while the next kernel's working set,
+loaded normally, is evicted. This measures it: after each op, a
 "victim" buffer is read twice and the second read is timed (an L2 hit if the buffer kept its
-lines). The ops: ours, ours with the default load policy, and sglang's original (``.anchor``,
-if present); "none" runs no op. L2 is flushed (a 256 MB write) before every op.
+lines). The ops: ours, ours with the default L2 policies, and sglang's original
+(``.anchor``, if present); "none" runs no op. L2 is flushed (a 256 MB write) before every op.
 
     python benchmarks/experiments/mamba_track_states_l2.py
 """
@@ -21,7 +22,7 @@ from strictops.ops import mamba_track_states as m
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_mamba_track_states import (  # noqa: E402
-    REQUESTS, _index_sets, model_pools, with_original)
+    REQUESTS, _index_sets, model_pools, tuned_launch, with_original)
 
 REPS = 40
 
@@ -46,13 +47,10 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(7)
     conv, ssm = model_pools(gen)
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    programs = m.TUNING["programs_per_sm"] * sms
     ops = with_original({
         "none": lambda *call: None,
         "ours": lambda *call: m.track_mamba_states_all_layers(*call),
-        "ours_default_policy": lambda *call: m._launch(m._track_kernel, programs, *call,
-                                                       load_policy=""),
+        "ours_default_policies": tuned_launch({"load_policy": "", "store_policy": ""}),
     })
     print("victim's second read after the op, us (median of %d)" % REPS)
     for tracked in (1, 8, 64):

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import torch
 
-from strictops.ops import mamba_track_states as m
 from strictops.ops import track_mamba_states_all_layers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _harness import graph_replay_us, wall_us  # noqa: E402
 from bench_mamba_track_states import (  # noqa: E402
-    CALLS, REQUESTS, _cycling, _index_sets, model_pools, with_original)
+    CALLS, REQUESTS, _cycling, _index_sets, model_pools, tuned_launch, with_original)
 
 # (tracked rows, calls a wall window)
 ROWS = ((0, 1000), (1, 500), (8, 100), (64, 20))
@@ -32,16 +31,9 @@ TUNINGS = {"launch_default": {}, "launch_default_store_policy": {"store_policy":
            "launch_default_load_policy": {"load_policy": ""}}
 
 
-def _launch(change: dict):
-    tuning = {**m.TUNING, **change}
-    programs = tuning.pop("programs_per_sm") * torch.cuda.get_device_properties(
-        0).multi_processor_count
-    return lambda *call: m._launch(m._track_kernel, programs, *call, **tuning)
-
-
 def main() -> None:
     kernels = with_original({"op": track_mamba_states_all_layers,
-                             **{name: _launch(change) for name, change in TUNINGS.items()}})
+                             **{name: tuned_launch(change) for name, change in TUNINGS.items()}})
     gen = torch.Generator(device="cuda").manual_seed(5)
     conv, ssm = model_pools(gen)
     print("per kernel and round: wall median | wall min | graph per call")
