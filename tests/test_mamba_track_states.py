@@ -317,7 +317,8 @@ def test_gpu_bit_equal_to_the_original_at_model_shapes(all_layers):
 
 @gpu
 @pytest.mark.parametrize("tuning", [{}, {"maxnreg": None}, {"block_bytes": 16384},
-                                    {"load_policy": "", "store_policy": "evict_first"},
+                                    {"load_policy": "", "store_policy": ""},
+                                    {"store_policy": "evict_last"},
                                     {"block_elements": 8192},
                                     {"chunk_bytes": 16384, "block_bytes": 16384},
                                     {"chunk_bytes": 256, "block_bytes": 64}])
