@@ -27,7 +27,10 @@ that does the same in one C++ call, in this order:
    rows (:func:`strictops.meta._contract.inside_check`, on the tensors they name);
 4. the allocations of the outputs not given, one launch on the current stream of the plan's
    device (``cuLaunchKernelEx``, the parameters packed as Triton's launcher packs them), the
-   version-counter bump of the arguments the op writes, the result.
+   version-counter bump of the arguments the op writes, the result. A kernel gets plans only
+   where the cached launcher verified its launch against Triton's own and the running
+   Triton's launcher is read to pack its parameters the same way
+   (:func:`strictops.ops._triton_abi.c_parameters_known`).
 
 Anything else returns :data:`MISS`, and the caller runs its Python path, which raises the
 contract's errors. The Python path registers a plan after it served a call (:meth:`register`):

@@ -26,8 +26,10 @@ The key is at least as fine as Triton's own specialisation of the same call, whi
 
 Anything else (tensor subclasses, tuples, tensor descriptors, other types) and any call while a
 launch hook or pre-run hook is installed (profilers) goes through ``JITFunction.run`` unchanged.
-The first call of each key also goes through ``JITFunction.run`` (it compiles and launches),
-then its compiled kernel is kept.
+The first call of each key compiles, then launches through ``JITFunction.run`` with the C
+launch recorded; the compiled kernel is kept with the direct call that equals the recorded one
+(:mod:`strictops.ops._triton_abi`: the running Triton's launcher layout, verified, never
+assumed). A kernel whose launch matches no known layout keeps taking ``JITFunction.run``.
 
 Pointers reach the C launcher as integers (their ``data_ptr()``), which skips the launcher's
 ``cuPointerGetAttribute`` check that a pointer is device memory: callers launch only on
@@ -42,6 +44,8 @@ import torch
 from triton import knobs
 from triton.language import constexpr
 from triton.runtime.driver import driver
+
+from ._triton_abi import c_parameters_known, fast_launch
 
 __all__ = ["Launcher", "Pointer", "keyword_constexprs"]
 
@@ -110,23 +114,17 @@ def _arguments_function(constexpr: Sequence[bool]):
 
 
 class _Prepared:
-    """One compiled specialisation: the C launch function and what it takes besides the
-    grid, the stream and the argument values."""
+    """One compiled specialisation: its verified fast launch (None where the running Triton's
+    launch matched no known layout or needs scratch memory: then every call takes
+    ``JITFunction.run``), whether a C++ plan may pack its parameters, and the globals it
+    read."""
 
-    __slots__ = ("kernel", "launch", "head", "scratch", "globals")
+    __slots__ = ("kernel", "fast", "c_parameters", "globals")
 
-    def __init__(self, kernel, globals_used) -> None:
-        run = kernel.run  # CudaLauncher (loads the binary on first access)
+    def __init__(self, kernel, fast, globals_used) -> None:
         self.kernel = kernel
-        # Kernels that need scratch memory get it from CudaLauncher.__call__, per call.
-        self.scratch = bool(run.global_scratch_size or run.profile_scratch_size)
-        self.launch = run if self.scratch else run.launch
-        # Everything launch takes between the stream and the argument values: the launch
-        # metadata and the enter and exit hooks are None (no hook is installed).
-        self.head = ((kernel.function, kernel.packed_metadata, None, None, None)
-                     if self.scratch else
-                     (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-                      kernel.packed_metadata, None, None, None))
+        self.fast = fast
+        self.c_parameters = fast is not None and c_parameters_known(kernel)
         # Per global the kernel reads: its name, the value it was compiled with, that value's
         # own value when it is a constexpr (compared directly: constexpr's != builds two
         # constexpr objects per call), and the namespace holding it.
@@ -165,7 +163,8 @@ class Launcher:
     def prepared_for(self, args: Sequence[Any], options: tuple, device: int):
         """The compiled specialisation a call of ``args`` and ``options`` on CUDA device
         ``device`` launches (see :class:`_Prepared`), or None where it has none yet, takes
-        ``JITFunction.run`` (argument kinds, an installed hook) or needs scratch memory."""
+        ``JITFunction.run`` (argument kinds, an installed hook, no verified fast launch), or
+        where its launcher's C code does not pack the parameters as a C++ plan does."""
         runtime = knobs.runtime
         if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls or \
                 self.fn.pre_run_hooks:
@@ -176,7 +175,7 @@ class Launcher:
             prepared = None if key is None else self.prepared.get(key)
         except TypeError:
             return None
-        return None if prepared is None or prepared.scratch else prepared
+        return None if prepared is None or not prepared.c_parameters else prepared
 
     def _current_device(self) -> int:
         if self._device is None:
@@ -207,11 +206,10 @@ class Launcher:
         except TypeError:  # an unhashable constexpr
             return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
         if prepared is None:
-            kernel = self.fn.run(*args, grid=grid, warmup=False, **dict(options))
-            if hasattr(kernel, "result"):  # an asynchronous compile
-                kernel = kernel.result()
-            self.prepared[key] = _Prepared(kernel, self.fn.used_global_vals)
-            return kernel
+            return self._prepare(key, grid, args, options, current, values).kernel
+        launch = prepared.fast
+        if launch is None:
+            return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
         for name, value, raw, namespace in prepared.globals:
             # What JITFunction.run checks on every launch: the global still equals its value.
             now = namespace.get(name, _NOTHING)
@@ -222,8 +220,25 @@ class Launcher:
             grid_0, grid_1, grid_2 = grid
         else:
             grid_0, grid_1, grid_2 = grid[0], grid[1] if len(grid) > 1 else 1, 1
-        prepared.launch(grid_0, grid_1, grid_2, self._stream(current), *prepared.head, *values)
+        if launch.flat:
+            launch.launch(grid_0, grid_1, grid_2, self._stream(current), *launch.head, *values)
+        else:
+            launch.launch(grid_0, grid_1, grid_2, self._stream(current), *launch.head, values)
         return prepared.kernel
+
+    def _prepare(self, key, grid, args, options, device, values) -> _Prepared:
+        """The first call of ``key``: compile, then launch once through ``JITFunction.run``,
+        recorded, to find the fast launch whose call equals Triton's (see
+        :func:`strictops.ops._triton_abi.fast_launch`)."""
+        kwargs = dict(options)
+        kernel = self.fn.run(*args, grid=grid, warmup=True, **kwargs)
+        if hasattr(kernel, "result"):  # an asynchronous compile
+            kernel = kernel.result()
+        grid3 = (*grid, 1, 1)[:3]
+        fast = fast_launch(kernel, lambda: self.fn.run(*args, grid=grid, warmup=False, **kwargs),
+                           grid3, self._stream(device), values)
+        prepared = self.prepared[key] = _Prepared(kernel, fast, self.fn.used_global_vals)
+        return prepared
 
 
 def keyword_constexprs(fn, args: Sequence[Any]) -> tuple[tuple, dict]:

@@ -11,9 +11,11 @@ sparse MLA's eager path launches into exactly the outputs it returns.
 
 from __future__ import annotations
 
+import inspect
 import random
 import struct
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -122,12 +124,20 @@ def test_unsupported_arguments_have_no_key():
         assert launcher.arguments([odd, *args[1:]]) == (None, None)
 
 
+# Whether this Triton's CudaLauncher calls one generic C ``launch`` (Triton 3.7 on: the
+# signature as data, the arguments as a tuple) rather than a C launcher compiled per signature.
+_GENERIC_LAUNCHER = "kernel_metadata" in inspect.signature(CudaLauncher.__call__).parameters
+
+
 class _RecordingLauncher(CudaLauncher):
     """CudaLauncher (its real ``__call__``) whose C ``launch`` records its arguments."""
 
     calls: list = []
 
     def __init__(self, src, metadata) -> None:
+        if _GENERIC_LAUNCHER:  # the real constructor, over the recording driver's utils
+            super().__init__(src, metadata)
+            return
         self.num_ctas = getattr(metadata, "num_ctas", 1)
         self.global_scratch_size = metadata.global_scratch_size
         self.global_scratch_align = metadata.global_scratch_align
@@ -135,7 +145,33 @@ class _RecordingLauncher(CudaLauncher):
         self.profile_scratch_align = metadata.profile_scratch_align
         self.launch_cooperative_grid = metadata.launch_cooperative_grid
         self.launch_pdl = metadata.launch_pdl
-        self.launch = lambda *args: _RecordingLauncher.calls.append(args)
+        self.launch = _record
+
+
+def _record(*args) -> None:
+    _RecordingLauncher.calls.append(args)
+
+
+class Launched(NamedTuple):
+    """A recorded C launch, by field, whatever this Triton's layout."""
+
+    grid: tuple
+    stream: int
+    function: int
+    cooperative: bool
+    pdl: bool
+    metadata: tuple
+    hooks: tuple  # launch metadata, enter hook, exit hook
+    scratch: tuple
+    args: tuple
+
+
+def _launched(call) -> Launched:
+    if _GENERIC_LAUNCHER:
+        return Launched(call[:3], call[3], call[4], call[5], call[6], call[7], call[8:11],
+                        call[11:13], tuple(call[15]))
+    return Launched(call[:3], call[3], call[4], call[5], call[6], call[9], call[10:13],
+                    call[7:9], call[13:])
 
 
 class _RecordingDriver:
@@ -146,7 +182,11 @@ class _RecordingDriver:
         self.utils = SimpleNamespace(
             load_binary=lambda name, kernel, shared, device: ("module", next(self.handles), 32,
                                                               0, 1024),
-            get_device_properties=lambda device: {"max_shared_mem": 232448})
+            get_device_properties=lambda device: {"max_shared_mem": 232448},
+            unload_module=lambda module: None,
+            # The generic launcher's C helpers: the packed signature as a tuple, the launch
+            # recorded.
+            build_signature_metadata=tuple, launch=_record)
 
     def get_current_device(self):
         return 0
@@ -162,8 +202,15 @@ class _RecordingDriver:
 
 
 @pytest.fixture
-def recording_driver():
+def recording_driver(monkeypatch):
     fake, previous = _RecordingDriver(), driver._active
+    if _GENERIC_LAUNCHER:
+        # What the generic launcher's constructor takes from the compiled cuda_utils module
+        # (which needs libcuda): its argument annotations, as plain values.
+        from triton.backends.nvidia import driver as nvidia
+        monkeypatch.setattr(nvidia, "PyKernelArg", SimpleNamespace)
+        for name in ("ARG_CONSTEXPR", "ARG_KERNEL", "ARG_TUPLE"):
+            monkeypatch.setattr(nvidia, name, name)
     driver.set_active(fake)
     _RecordingLauncher.calls = []
     try:
@@ -180,8 +227,17 @@ def _fresh_kernel():
 
 
 def _as_launched(call):
-    """A recorded launch with every tensor replaced by its address."""
+    """A recorded launch's arguments with every tensor replaced by its address."""
     return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in call)
+
+
+def _same_launch(cached, reference) -> None:
+    """A cached launch passes the C launcher what ``JITFunction.run`` passes it, except the
+    launch metadata and the (empty) hook chains, for which it passes None."""
+    cached, reference = _launched(cached), _launched(reference)
+    assert cached.hooks == (None, None, None)
+    assert cached._replace(hooks=None, args=None) == reference._replace(hooks=None, args=None)
+    assert cached.args == _as_launched(reference.args)
 
 
 def test_cached_launch_passes_what_jit_run_passes(recording_driver):
@@ -201,10 +257,11 @@ def test_cached_launch_passes_what_jit_run_passes(recording_driver):
         fn[(4,)](*args, num_warps=2)
         reference = _RecordingLauncher.calls.pop()
         # Triton passes launch metadata and its (empty) hook chains; the rest must be equal.
-        assert cached[:10] == reference[:10] and cached[10:13] == (None, None, None)
-        assert cached[13:] == _as_launched(reference[13:])
-        assert first[:10] == reference[:10] and _as_launched(first[13:]) == _as_launched(
-            reference[13:])
+        _same_launch(cached, reference)
+        # The first call of a key launched through JITFunction.run itself.
+        first, reference = _launched(first), _launched(reference)
+        assert first._replace(args=None, hooks=None) == reference._replace(args=None, hooks=None)
+        assert _as_launched(first.args) == _as_launched(reference.args)
     # calls 0 and 2 share a specialisation (same dtypes, aligned pointers, no int is 1 or a
     # multiple of 16 where Triton looks); call 1 (z given, 48 % 16 == 0, n_plain == 1) not.
     assert len(launcher.prepared) == 2
@@ -232,7 +289,7 @@ def test_launch_hooks_take_the_jit_path(recording_driver):
     args = [storage[:64], storage[64:], None, 64, 5, 7, 0.5, True, 16, False]
     launcher((1,), args)
     launcher((1,), args)
-    assert _RecordingLauncher.calls.pop()[11] is None  # cached: no hooks
+    assert _launched(_RecordingLauncher.calls.pop()).hooks[1] is None  # cached: no hooks
     hook = lambda metadata: None  # noqa: E731
     knobs.runtime.launch_enter_hook.add(hook)
     try:
@@ -240,7 +297,7 @@ def test_launch_hooks_take_the_jit_path(recording_driver):
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     # JITFunction.run passed its hook chain, which the C launcher calls.
-    assert _RecordingLauncher.calls.pop()[11] is knobs.runtime.launch_enter_hook
+    assert _launched(_RecordingLauncher.calls.pop()).hooks[1] is knobs.runtime.launch_enter_hook
 
 
 def test_changed_global_raises_as_triton_does(recording_driver):
@@ -281,8 +338,7 @@ def _eager_and_jit(launch_eager, launch_jit):
     jit = list(_RecordingLauncher.calls)
     assert len(eager) == len(jit) > 0
     for cached, reference in zip(eager, jit):
-        assert cached[:10] == reference[:10] and cached[10:13] == (None, None, None)
-        assert cached[13:] == _as_launched(reference[13:])
+        _same_launch(cached, reference)
 
 
 @pytest.mark.parametrize("sm90_kernel", ["block_pair", "shared_s"])
@@ -351,7 +407,7 @@ def test_sparse_mla_eager_allocates_and_launches_its_outputs(recording_driver, m
     for _ in range(2):  # the first launch of its key through JITFunction.run, then cached
         outputs = sparse._eager(q, kv, indices, 0.04, scale, scale, 512, None, None,
                                 passed["out"], passed["max_logits"], passed["lse"], None)
-    launched = _RecordingLauncher.calls[-1][13 + 8:13 + 11]  # the out, max_logits, lse params
+    launched = _launched(_RecordingLauncher.calls[-1]).args[8:11]  # out, max_logits, lse
     assert launched == tuple(t.data_ptr() for t in outputs)
     for name, t, shape, dtype in zip(buffers, outputs, ((3, 64, 512), (3, 64), (3, 64)),
                                      (torch.bfloat16, torch.float32, torch.float32)):
@@ -473,6 +529,62 @@ def test_gpu_mamba_scatter_misaligned_dst_view():
 
 
 @gpu
+def test_gpu_unknown_launch_layout_gives_the_reference_result(monkeypatch):
+    """With no launcher layout known (as on a Triton whose launcher changed again), the Mamba
+    scatter and sparse MLA eager calls launch through ``JITFunction.run`` only (no fast
+    launch, no C++ plan) and give the reference result."""
+    from strictops.meta import sparse_mla_prefill as smp
+    from strictops.ops import _triton_abi
+    from strictops.ops import mamba_state_scatter as mss
+    from strictops.ops import sparse_mla_prefill as sparse
+    from strictops.ops._kernel_path import KernelPath
+    monkeypatch.setattr(_triton_abi, "LAYOUTS", ())
+    kernel = mss.TUNING["kernel"]
+    real = mss.PATHS[kernel]
+    path = KernelPath(real.jit_fn, real.contract, mss.contract.ARGUMENTS, real.arguments,
+                      real.num_warps, writes=("dst",))
+    monkeypatch.setattr(mss, "_eager", path.eager)
+    monkeypatch.setitem(mss._HOSTS, kernel, path.host.call)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dst = torch.randn(3, 9, 4, 8, device="cuda", generator=gen)
+    src = torch.randn(3, 5, 2, 4, 8, device="cuda", generator=gen)
+    slots = torch.tensor([4, 0, 7, 4], dtype=torch.int32, device="cuda")
+    steps = torch.tensor([1, 0, -1, 0], dtype=torch.int64, device="cuda")
+    for _ in range(3):
+        expected = mss.reference(dst, src, slots, steps)
+        mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+        assert torch.equal(dst, expected)
+        src.add_(1)
+    assert [p.fast for p in path.launcher.prepared.values()] == [None]
+    assert path.host.call(dst, src, slots, steps, None) is mss.MISS
+    # Sparse MLA: its eager path's launchers (the Gluon one on sm_90), fresh.
+    ws = sparse._sparse_mla_sm90
+    monkeypatch.setattr(sparse, "_LAUNCHER", Launcher(sparse._LAUNCHER.fn))
+    if ws is not None:
+        monkeypatch.setattr(ws, "_LAUNCHERS", {name: Launcher(launcher.fn)
+                                               for name, launcher in ws._LAUNCHERS.items()})
+    monkeypatch.setattr(sparse, "_HOST", sparse.HostPath(
+        sparse._VALIDATION, writes=(*smp.BUFFERS, "topk_length_errors")))
+    monkeypatch.setattr(sparse, "_HOST_CALL", sparse._HOST.call)
+    dims = smp.Dims(s_q=5, s_kv=700, h_q=128, d_qk=576, topk=256, with_attn_sink=True,
+                    device="cuda")
+    args = sparse.random_inputs(dims, torch.Generator(device="cuda").manual_seed(1))
+    args.pop("topk_length_errors")
+    for name in smp.BUFFERS:
+        args.pop(name)
+    expected = sparse.reference(**{k: args[k] for k in sparse.INPUTS})
+    for _ in range(2):
+        outputs = sparse.sparse_mla_q8kv8_prefill_fwd(**args)
+        passed, detail = sparse.compare_to_reference(outputs, expected, sparse.REL_L2_BOUND,
+                                                     sparse.LOGIT_TOL)
+        assert passed, detail
+    launchers = [sparse._LAUNCHER, *(ws._LAUNCHERS.values() if ws is not None else ())]
+    prepared = [p for launcher in launchers for p in launcher.prepared.values()]
+    assert prepared and all(p.fast is None for p in prepared)
+    assert sparse._HOST.call(*(args.get(n) for n in smp.ARGUMENTS)) is sparse.MISS
+
+
+@gpu
 def test_gpu_copy_tensor_misaligned_source():
     from strictops.meta.transport_pool import data_start
     from strictops.ops import TransportPool
@@ -551,7 +663,7 @@ def _triton_params(call, signature):
     constexprs), pointers as addresses, floats as fp32."""
     return [a.data_ptr() if isinstance(a, (torch.Tensor, Pointer)) else
             struct.unpack("<f", struct.pack("<f", a))[0] if isinstance(a, float) else a
-            for a, kind in zip(call[13:], signature.values()) if kind != "constexpr"]
+            for a, kind in zip(_launched(call).args, signature.values()) if kind != "constexpr"]
 
 
 @_needs_host_path
@@ -581,10 +693,11 @@ def test_sparse_mla_plan_launches_what_the_python_path_launches(
     assert len(host_recorder) == 1 and _RecordingLauncher.calls[-1] is python_launch
     launch = host_recorder[0]
     function, grid, threads, shared, num_ctas, pdl, cooperative = launch[:7]
-    num_warps, _, triton_shared = python_launch[9]
+    triton = _launched(python_launch)
+    num_warps, _, triton_shared = triton.metadata
     assert (function, grid, threads, shared, num_ctas, pdl, cooperative) == (
-        python_launch[4], python_launch[:3], 32 * num_warps, triton_shared, 1,
-        python_launch[6], python_launch[5])
+        triton.function, triton.grid, 32 * num_warps, triton_shared, 1, triton.pdl,
+        triton.cooperative)
     kernel = next(iter(ws._LAUNCHERS[ws.KERNEL].prepared.values())).kernel
     planned = _params(launch, kernel.src.signature)
     expected = _triton_params(python_launch, kernel.src.signature)
@@ -613,14 +726,20 @@ def test_sparse_mla_plan_launches_what_the_python_path_launches(
     assert host.call(*args) is sparse.MISS
 
 
-@_needs_host_path
-@pytest.mark.parametrize("kernel", ["persistent", "per_chunk", "layer_loop"])
-def test_mamba_scatter_plan_launches_what_the_python_path_launches(
-        recording_driver, host_recorder, monkeypatch, kernel):
+class _UnknownLayoutLauncher(_RecordingLauncher):
+    """The launcher of a Triton whose C ``launch`` takes a layout no fast path knows: one
+    item more after the function."""
+
+    def __call__(self, grid_x, grid_y, grid_z, stream, function, *args):
+        self.launch(grid_x, grid_y, grid_z, stream, function, "unknown", *args)
+
+
+def _mamba_scatter_on_cpu(monkeypatch, recording_driver, kernel):
+    """The Mamba scatter's eager path with a fresh launcher and C++ path (a contract without
+    rules stands in: CPU tensors), on the recording driver; returns its KernelPath."""
+    from strictops.meta._contract import Contract
     from strictops.ops import mamba_state_scatter as mss
     from strictops.ops._kernel_path import KernelPath
-    from strictops.meta._contract import Contract
-    # CPU tensors: a contract without rules stands in (the op's own tests cover its rules).
     real = mss.PATHS[kernel]
     path = KernelPath(real.jit_fn, Contract(mss.contract.CONTRACT.op, "stand_in", ()),
                       mss.contract.ARGUMENTS, real.arguments, real.num_warps, writes=("dst",))
@@ -628,6 +747,45 @@ def test_mamba_scatter_plan_launches_what_the_python_path_launches(
     monkeypatch.setitem(mss.TUNING, "kernel", kernel)
     monkeypatch.setattr(mss, "_eager", path.eager)
     monkeypatch.setitem(mss._HOSTS, kernel, path.host.call)
+    return path
+
+
+@_needs_host_path
+def test_unknown_launch_layout_takes_the_jit_path(recording_driver, host_recorder,
+                                                  monkeypatch):
+    """On a Triton whose launcher takes a layout the fast path does not know, no call is
+    launched any other way than through ``JITFunction.run``: no fast launch is kept, no C++
+    plan is made, and every call reaches Triton's own launcher."""
+    from collections import defaultdict
+    from strictops.ops import mamba_state_scatter as mss
+    for kernel in ("layer_loop", "per_chunk"):  # compiled kernels of this test's own
+        fn = mss.PATHS[kernel].jit_fn
+        monkeypatch.setattr(fn, "device_caches", defaultdict(fn.create_binder))
+    monkeypatch.setattr(recording_driver, "launcher_cls", _UnknownLayoutLauncher)
+    path = _mamba_scatter_on_cpu(monkeypatch, recording_driver, "layer_loop")
+    dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
+    slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    for _ in range(3):
+        assert mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps) is None
+    assert [prepared.fast for prepared in path.launcher.prepared.values()] == [None]
+    assert not host_recorder and path.host.call(dst, src, slots, steps, None) is mss.MISS
+    calls = _RecordingLauncher.calls
+    assert len(calls) == 3 and all(call[5] == "unknown" for call in calls)
+    # The same kernel on a known layout: a fast launch and a plan.
+    monkeypatch.setattr(recording_driver, "launcher_cls", _RecordingLauncher)
+    path = _mamba_scatter_on_cpu(monkeypatch, recording_driver, "per_chunk")
+    for _ in range(3):
+        mss.fused_mamba_state_scatter_with_mask(dst, src, slots, steps)
+    assert all(p.fast is not None for p in path.launcher.prepared.values())
+    assert len(host_recorder) == 2  # the second and third calls, from the plan
+
+
+@_needs_host_path
+@pytest.mark.parametrize("kernel", ["persistent", "per_chunk", "layer_loop"])
+def test_mamba_scatter_plan_launches_what_the_python_path_launches(
+        recording_driver, host_recorder, monkeypatch, kernel):
+    from strictops.ops import mamba_state_scatter as mss
+    path = _mamba_scatter_on_cpu(monkeypatch, recording_driver, kernel)
     dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
     slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
     version = dst._version
@@ -636,7 +794,8 @@ def test_mamba_scatter_plan_launches_what_the_python_path_launches(
     assert len(host_recorder) == 1 and len(path.host.cache) == 1
     python_launch, launch = _RecordingLauncher.calls[-1], host_recorder[0]
     kernel = next(iter(path.launcher.prepared.values())).kernel
-    assert launch[1] == python_launch[:3] and launch[0] == python_launch[4]
+    assert (launch[1], launch[0]) == (_launched(python_launch).grid,
+                                   _launched(python_launch).function)
     assert _params(launch, kernel.src.signature) == _triton_params(python_launch, kernel.src.signature)
     assert dst._version == version + 2
     # Another tensor as the same argument, same signature: the plan, with its address.
@@ -685,7 +844,7 @@ def test_mamba_commit_indices_plan_launches_what_the_python_path_launches(
     by_python_address = {theirs.data_ptr(): mine.data_ptr()
                          for mine, theirs in zip(planned, python) if theirs is not None}
     assert launched == [by_python_address.get(p, p) for p in expected]
-    assert host_recorder[0][1] == python_launch[:3]
+    assert host_recorder[0][1] == _launched(python_launch).grid
 
 
 def _cpu_pool(rt, slots, consumers, nbytes):
@@ -734,7 +893,8 @@ def test_copy_tensor_plan_launches_what_the_python_path_launches(
     pool._publish_lease(src, second)
     python_launch = _RecordingLauncher.calls[-1]
     kernel = next(iter(tp._LAUNCHER.prepared.values())).kernel
-    assert host_recorder[0][1] == python_launch[:3] and host_recorder[0][0] == python_launch[4]
+    assert host_recorder[0][:2] == (_launched(python_launch).function,
+                                 _launched(python_launch).grid)
     assert _params(host_recorder[0], kernel.src.signature) == _triton_params(
         python_launch, kernel.src.signature)
     # Per-call values outside what the plan's kernel was specialised for miss it: a state row
@@ -800,7 +960,8 @@ def test_conv_window_scatter_plan_launches_what_the_python_path_launches(
     assert [d._version for d in dsts] == [v + 2 for v in versions]
     python_launch, launch = _RecordingLauncher.calls[-1], host_recorder[0]
     kernel = next(iter(path.launcher.prepared.values())).kernel
-    assert launch[1] == python_launch[:3] and launch[0] == python_launch[4]
+    assert (launch[1], launch[0]) == (_launched(python_launch).grid,
+                                   _launched(python_launch).function)
     assert _params(launch, kernel.src.signature) == _triton_params(python_launch,
                                                                    kernel.src.signature)
     # The same signature over a src whose storage was shrunk after the view was made.

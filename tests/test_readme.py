@@ -24,8 +24,13 @@ def test_readme_fuzzing_example_runs():
     exec(compile(code, f"{README}:fuzzing example", "exec"), {"__name__": "readme_example"})
 
 
-def test_ci_runs_the_readme_test_command():
-    """``.ci/run`` (what CI runs) ends with the README's test command, verbatim."""
-    command = (README.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
-    assert command == "bash .ci/setup && .venv/bin/pytest"
-    assert f"\n{command}\n" in README.read_text()
+def test_ci_runs_the_readme_test_commands():
+    """``.ci/run`` (what CI runs) runs the README's test commands, verbatim: the pinned
+    toolchain's first, then the newest Triton's."""
+    lines = (README.parent / ".ci" / "run").read_text().strip().splitlines()
+    commands = [line for line in lines if line.startswith("bash .ci/setup")]
+    assert commands == ["bash .ci/setup && .venv/bin/pytest",
+                        "bash .ci/setup newest && .venv-newest/bin/pytest"]
+    assert lines[-2:] == commands
+    for command in commands:
+        assert f"\n{command}\n" in README.read_text()

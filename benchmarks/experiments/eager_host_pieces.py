@@ -115,7 +115,12 @@ def c_launch_us(launcher, grid, args, options) -> float | None:
         return None
     stream = torch.cuda.current_stream().cuda_stream
     grid = (*grid, 1, 1)[:3]
-    return per_call_us(lambda: prepared.launch(*grid, stream, *prepared.head, *values))
+    fast = prepared.fast
+    if fast is None:
+        return None
+    if fast.flat:
+        return per_call_us(lambda: fast.launch(*grid, stream, *fast.head, *values))
+    return per_call_us(lambda: fast.launch(*grid, stream, *fast.head, values))
 
 
 def python_path(module, calls: dict) -> dict:
