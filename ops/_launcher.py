@@ -119,11 +119,14 @@ class _Prepared:
     ``JITFunction.run``), whether a C++ plan may pack its parameters, and the globals it
     read."""
 
-    __slots__ = ("kernel", "fast", "c_parameters", "globals")
+    __slots__ = ("kernel", "fast", "launch", "head", "flat", "c_parameters", "globals")
 
     def __init__(self, kernel, fast, globals_used) -> None:
         self.kernel = kernel
         self.fast = fast
+        # The fast launch's parts, read per call: the C launch (None: JITFunction.run), what
+        # it takes after the grid and stream, and whether the values follow flat.
+        self.launch, self.head, self.flat = (None, (), True) if fast is None else fast[:3]
         self.c_parameters = fast is not None and c_parameters_known(kernel)
         # Per global the kernel reads: its name, the value it was compiled with, that value's
         # own value when it is a constexpr (compared directly: constexpr's != builds two
@@ -207,7 +210,7 @@ class Launcher:
             return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
         if prepared is None:
             return self._prepare(key, grid, args, options, current, values).kernel
-        launch = prepared.fast
+        launch = prepared.launch
         if launch is None:
             return self.fn.run(*args, grid=grid, warmup=False, **dict(options))
         for name, value, raw, namespace in prepared.globals:
@@ -220,10 +223,10 @@ class Launcher:
             grid_0, grid_1, grid_2 = grid
         else:
             grid_0, grid_1, grid_2 = grid[0], grid[1] if len(grid) > 1 else 1, 1
-        if launch.flat:
-            launch.launch(grid_0, grid_1, grid_2, self._stream(current), *launch.head, *values)
+        if prepared.flat:
+            launch(grid_0, grid_1, grid_2, self._stream(current), *prepared.head, *values)
         else:
-            launch.launch(grid_0, grid_1, grid_2, self._stream(current), *launch.head, values)
+            launch(grid_0, grid_1, grid_2, self._stream(current), *prepared.head, values)
         return prepared.kernel
 
     def _prepare(self, key, grid, args, options, device, values) -> _Prepared:

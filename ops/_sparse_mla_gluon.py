@@ -52,6 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ._gluon_compat import async_load, thread_barrier
 
 __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_ws_kernel"]
 
@@ -134,7 +135,7 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,
             idx = gl.load(index_row + j, mask=j < n_rows, other=-1)
             valid = (idx >= 0) & (idx < s_kv)
             row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK
-            async_copy.async_copy_global_to_shared(
+            async_load(
                 k_nope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(cols, 0),
                 mask=gl.expand_dims(valid, 1))
             if D_ROPE > 0:
@@ -142,7 +143,7 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,
                 idx = gl.load(index_row + j, mask=j < n_rows, other=-1)
                 valid = (idx >= 0) & (idx < s_kv)
                 row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK + 512
-                async_copy.async_copy_global_to_shared(
+                async_load(
                     k_rope.index(s),
                     gl.expand_dims(row_ptr, 1) + gl.expand_dims(rope_cols, 0),
                     mask=gl.expand_dims(valid, 1))
@@ -157,7 +158,7 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,
             # cp.async writes through the generic proxy, wgmma reads through the async
             # one: fence, then make every producer thread's copies visible to the arrive.
             fence_async_shared()
-            gl.thread_barrier()
+            thread_barrier()
             mbarrier.arrive(k_ready.index(s))
             # Each half has its own buffer and barriers, so one consumer running ahead is
             # not held up by the other.
@@ -167,7 +168,7 @@ def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,
                     x = k_nope.index(s).slice(h * 256 + c * 64, 64, dim=1).load(conv_layout)
                     v_f16.index(h).slice(c * 64, 64, dim=1).store(x.to(gl.float16))
                 fence_async_shared()
-                gl.thread_barrier()
+                thread_barrier()
                 mbarrier.arrive(v_ready.index(h))
 
 @gluon.jit
@@ -224,7 +225,7 @@ def _consumer(half, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr
         sc = gl.where(gl.expand_dims(valid, 0), sc * scale, float("-inf"))
         m_own = gl.max(sc, 1)
         mine.store(m_own)
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(x_bar)
         mbarrier.wait(x_bar, i & 1)
         m_new = gl.maximum(m_i, gl.maximum(m_own, theirs.load(row_layout)))
@@ -237,7 +238,7 @@ def _consumer(half, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr
         m_i = m_new
         p_f16.index(half).store(pr.to(gl.float16))
         fence_async_shared()  # generic stores, then wgmma (async proxy) reads
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(p_bar)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow_layout), 1)
         mbarrier.wait(v_ready.index(half), i & 1)
@@ -251,7 +252,7 @@ def _consumer(half, indices_ptr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr
 
     # The row sums of both halves (the slot's last reader has passed p_bar).
     mine.store(l_i)
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(x_bar)
     mbarrier.wait(x_bar, n_steps & 1)
     l_i = l_i + theirs.load(row_layout)
@@ -369,7 +370,7 @@ def sparse_mla_ws_kernel(
     # the other consumer; the proxy fence orders the generic stores before wgmma reads.
     store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(q_ready)
 
     gl.warp_specialize([

@@ -90,6 +90,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ._gluon_compat import async_load, reinterpret, thread_barrier
 from ._sparse_mla_gluon import launch_kernel, rows_to_attend, store_q, tuned
 from ._sparse_mla_transpose import output_columns, p_columns, transpose_ldsm, views16
 
@@ -135,8 +136,7 @@ def _load_indices(idx_smem, index_row, i, base, topk, layout: gl.constexpr):
     """Start the copy of block ``i``'s 64 indices into ``idx_smem[(base + i) % 4]`` and commit
     it (the group also holds the block copies issued since the last commit)."""
     j = i * _BLOCK_N + gl.arange(0, _BLOCK_N, layout)
-    async_copy.async_copy_global_to_shared(idx_smem.index((base + i) % 4), index_row + j,
-                                           mask=j < topk)
+    async_load(idx_smem.index((base + i) % 4), index_row + j, mask=j < topk)
     async_copy.commit_group()
 
 
@@ -227,25 +227,25 @@ def _produce(kv_ptr, indices_ptr, q_ptr, token, n_rows, s_kv, h_q, topk, head0, 
         if i < n_blocks:
             s = (base + i) % NUM_STAGES
             async_copy.wait_group(1)  # block i's indices (committed two blocks ago)
-            gl.thread_barrier()
+            thread_barrier()
             idx, valid = _valid_rows(idx_smem, i, base, n_rows, s_kv,
                                      gl.SliceLayout(1, nope_layout))
             row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK
             mbarrier.wait(k_free.index(s), (((base + i) // NUM_STAGES) & 1) ^ 1)
             # A false mask reads no byte and writes zeros (0 * V stays finite).
-            async_copy.async_copy_global_to_shared(
+            async_load(
                 k_nope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(cols, 0),
                 mask=gl.expand_dims(valid, 1))
             if D_ROPE > 0:
                 idx, valid = _valid_rows(idx_smem, i, base, n_rows, s_kv,
                                          gl.SliceLayout(1, rope_layout))
                 row_ptr = kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * D_QK + 512
-                async_copy.async_copy_global_to_shared(
+                async_load(
                     k_rope.index(s), gl.expand_dims(row_ptr, 1) + gl.expand_dims(rope_cols, 0),
                     mask=gl.expand_dims(valid, 1))
             _, valid = _valid_rows(idx_smem, i, base, n_rows, s_kv, flat_layout)
             bias.index(s).store(gl.where(valid, 0.0, float("-inf")))
-            gl.thread_barrier()
+            thread_barrier()
             mbarrier.arrive(k_ready.index(s))
             async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
             if PERSISTENT and i + 2 >= n_blocks:
@@ -269,7 +269,7 @@ def _produce(kv_ptr, indices_ptr, q_ptr, token, n_rows, s_kv, h_q, topk, head0, 
                     x = k_nope.index(s).slice(h * 256, 256, dim=1).load(tr_layout)
                     vt.index(v).slice(h * 256, 256, dim=0).store(gl.permute(x, (1, 0)))
                 fence_async_shared()  # generic stores, then wgmma (async proxy) reads
-                gl.thread_barrier()
+                thread_barrier()
                 mbarrier.arrive(vt_ready.index(2 * v + h))
     return base + n_blocks
 
@@ -285,13 +285,13 @@ def _copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, ROW0: gl.constexpr,
     rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     rows = token * h_q + head0 + ROW0 + gl.arange(0, ROWS, gl.SliceLayout(1, nope_layout))
     cols = gl.arange(0, 512, gl.SliceLayout(0, nope_layout))
-    async_copy.async_copy_global_to_shared(
+    async_load(
         q_nope.slice(ROW0, ROWS, dim=0),
         q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
     if D_QK > 512:
         rows = token * h_q + head0 + ROW0 + gl.arange(0, ROWS, gl.SliceLayout(1, rope_layout))
         cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
-        async_copy.async_copy_global_to_shared(
+        async_load(
             q_rope.slice(ROW0, ROWS, dim=0),
             q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
     async_copy.mbarrier_arrive(q_bar, increment_count=False)
@@ -347,7 +347,7 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
     if C == 0:
         m_new = gl.maximum(m_run, m_blk)
         mx.index(2 * par).store(m_new)
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(mx_bar.index(0))
         m0 = m_new
     else:
@@ -355,7 +355,7 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
         m0 = mx.index(2 * par).load(row_s)
         m_new = gl.maximum(m0, m_blk)
         mx.index(2 * par + 1).store(m_new)
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(mx_bar.index(1))
     # While every row so far was invalid the max is -inf; a reference of 0 keeps
     # 2^(-inf - ref) at 0 rather than NaN.
@@ -367,7 +367,7 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
         p8 = p_columns(p8)
     p_smem.index(2 * par + C).store(p8)
     fence_async_shared()  # generic stores, then wgmma (async proxy) reads
-    gl.thread_barrier()
+    thread_barrier()
     if C == 1:
         mbarrier.wait(p_bar.index(0), par)
     mbarrier.arrive(p_bar.index(C))
@@ -496,7 +496,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
             _transpose_block(C, q, P0, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
                              TR_COLS, VT_LDSM)
         fence_async_shared()  # generic stores, then wgmma (async proxy) reads
-        gl.thread_barrier()
+        thread_barrier()
     sc = warpgroup_mma_wait(0, deps=(st, ))
     if PERSISTENT:
         if n_pairs == 1:  # this consumer's last Q·Kᵀ of the tile: the next tile's Q may land
@@ -521,7 +521,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
                 _transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES,
                                  NUM_VT, TR_COLS, VT_LDSM)
             fence_async_shared()  # generic stores, then wgmma (async proxy) reads
-            gl.thread_barrier()
+            thread_barrier()
         else:
             mbarrier.arrive(vt_free.index(2 * ((2 * (P0 + p) - 1) % NUM_VT) + C))
         sc = warpgroup_mma_wait(0, deps=(st, ))
@@ -537,7 +537,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
         mbarrier.arrive(vt_free.index(2 * ((2 * (P0 + n_pairs) - 1) % NUM_VT) + C))
 
     lsum.index(C).store(l_i)
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(l_bar)
     mbarrier.wait(l_bar, phase)
     l_i = l_i + lsum.index(1 - C).load(row_s)
@@ -575,12 +575,12 @@ def _store_o_through_smem(C: gl.constexpr, out, out_ptr, row_of_head, vt, NUM_VT
     transposes): 128 columns into each, then read back 16 bytes a thread and stored as whole
     rows (16-byte stores instead of 4-byte ones)."""
     # [2v + c]: half c of vt[v] (16 KiB), as [64, 128] bf16.
-    o_buf = vt._reinterpret(gl.bfloat16, [2 * NUM_VT, _BLOCK_H, 128],
-                            gl.NVMMASharedLayout(128, 16))
+    o_buf = reinterpret(vt, gl.bfloat16, [2 * NUM_VT, _BLOCK_H, 128],
+                        gl.NVMMASharedLayout(128, 16))
     lo, hi = gl.split(gl.permute(gl.reshape(out, [_BLOCK_H, 2, 128]), (0, 2, 1)))
     o_buf.index(C).store(lo)
     o_buf.index(2 + C).store(hi)
-    gl.thread_barrier()
+    thread_barrier()
     row_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, row_layout))
     cols = gl.arange(0, 128, gl.SliceLayout(0, row_layout))
@@ -588,7 +588,7 @@ def _store_o_through_smem(C: gl.constexpr, out, out_ptr, row_of_head, vt, NUM_VT
         x = o_buf.index(2 * h + C).load(row_layout)
         gl.store(out_ptr + gl.expand_dims(rows, 1) * _D_V + gl.expand_dims(C * 256 + h * 128
                                                                            + cols, 0), x)
-    gl.thread_barrier()  # every warp's reads, before its next transposes overwrite Vᵀ
+    thread_barrier()  # every warp's reads, before its next transposes overwrite Vᵀ
 
 
 @gluon.jit
@@ -717,7 +717,7 @@ def sparse_mla_hopper_kernel(
     if not (Q_ASYNC or PERSISTENT):
         store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
     gl.warp_specialize([
         (_consumer, (0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,

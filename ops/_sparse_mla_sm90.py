@@ -13,29 +13,123 @@ semantics):
 Why the default, with the numbers: docs/design/sparse_mla_prefill.md. Importing this module
 needs Gluon's Hopper API (``ImportError`` otherwise); the op module decides, in one place,
 whether it has it.
+
+Where a Gluon kernel does not build on the running Triton (its first compile raises one of
+:data:`BUILD_ERRORS`, before anything is launched), :func:`built` records why in
+:data:`UNBUILDABLE` and warns once (:class:`GluonBuildWarning`): from then on the process takes
+the op's Triton kernel, in eager calls, traced calls and this module's traced launch alike.
+:func:`build_problem` tells the same without a GPU, from an offline sm_90 build
+(:func:`compile_for_sm90`).
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Optional
 
 import torch
+import triton
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import PTXASError
 
 from . import _sparse_mla_gluon, _sparse_mla_hopper
 from ._dispatch import on_device_of
 from ._launcher import Launcher
 
-__all__ = ["KERNEL", "KERNELS", "launch", "launch_eager", "launch_on_device"]
+__all__ = ["BUILD_ERRORS", "GluonBuildWarning", "KERNEL", "KERNELS", "UNBUILDABLE",
+           "build_problem", "built", "compile_for_sm90", "launch", "launch_eager",
+           "launch_on_device"]
 
 KERNELS = {"block_pair": _sparse_mla_hopper, "shared_s": _sparse_mla_gluon}
 # The kernel sm_90 calls run; the other stays selectable for A/B runs and tests.
 KERNEL = "block_pair"
 
-_LAUNCHERS = {
-    "block_pair": Launcher(_sparse_mla_hopper.sparse_mla_hopper_kernel),
-    "shared_s": Launcher(_sparse_mla_gluon.sparse_mla_ws_kernel),
-}
+_KERNEL_FNS = {"block_pair": _sparse_mla_hopper.sparse_mla_hopper_kernel,
+               "shared_s": _sparse_mla_gluon.sparse_mla_ws_kernel}
+_LAUNCHERS = {name: Launcher(fn) for name, fn in _KERNEL_FNS.items()}
+
+
+# What a kernel that does not build on this Triton raises at its first compile, before anything
+# is launched (the Gluon front end's error, ptxas's); a launch's own errors are never caught.
+BUILD_ERRORS = (CompilationError, PTXASError)
+# Why a Gluon kernel did not build in this process (see :func:`built`), None while none failed:
+# once set, the op's ``warp_specialized`` says False, and the op's eager plans, which guard on
+# this setting, stop serving the Gluon launches they were made for.
+UNBUILDABLE: Optional[str] = None
+
+
+class GluonBuildWarning(UserWarning):
+    """The sm_90 Gluon kernel does not build on this Triton; the op runs its Triton kernel."""
+
+
+def build_error_reason(error: BaseException) -> str:
+    """The first line of what ``error`` (one of :data:`BUILD_ERRORS`) says went wrong: for a
+    Gluon compile error, that of the innermost compile error it was raised from (the outer ones
+    only name their call sites)."""
+    while isinstance(error.__cause__, CompilationError):
+        error = error.__cause__
+    text = str(getattr(error, "error_message", None) or error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def built(launch_gluon, *args):
+    """``launch_gluon(*args)`` (a launch of a Gluon kernel, compiling it the first time); where
+    the compile fails with one of :data:`BUILD_ERRORS`, sets :data:`UNBUILDABLE` to the reason,
+    warns (:class:`GluonBuildWarning`, once: the caller never asks again) and returns None, for
+    the caller to launch the Triton kernel instead."""
+    global UNBUILDABLE
+    try:
+        return launch_gluon(*args)
+    except BUILD_ERRORS as error:
+        UNBUILDABLE = build_error_reason(error)
+    warnings.warn(f"the sm_90 Gluon kernel of sparse MLA prefill does not build on triton "
+                  f"{triton.__version__} ({UNBUILDABLE}); this process runs the Triton kernel",
+                  GluonBuildWarning, stacklevel=3)
+    return None
+
+
+# The runtime parameters of both kernels as an offline build types them (``n_tiles``: the
+# block-pair kernel's only).
+_SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32",
+              "q_scale_ptr": "*fp32", "kv_scale_ptr": "*fp32", "attn_sink_ptr": "*fp32",
+              "topk_length_ptr": "*i32", "errors_ptr": "*i32", "out_ptr": "*bf16",
+              "max_logits_ptr": "*fp32", "lse_ptr": "*fp32", "sm_scale": "fp32", "s_kv": "i32",
+              "h_q": "i32", "topk": "i32", "n_tiles": "i32"}
+
+
+def compile_for_sm90(kernel: str, d_qk: int, **tuning):
+    """Gluon kernel ``kernel`` (a key of :data:`KERNELS`) built ahead of time for sm_90, no GPU
+    needed, as its ``launch()`` compiles it for a call of head dim ``d_qk`` with every optional
+    argument and 16-byte aligned pointers (as fresh allocations are); ``tuning`` overrides
+    entries of its ``TUNING``. Returns the compiled kernel (``asm["ptx"]``, ``metadata``);
+    raises one of :data:`BUILD_ERRORS` where it does not build."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    module, fn = KERNELS[kernel], _KERNEL_FNS[kernel]
+    constexprs = module.constexprs(d_qk, True, True, True, **tuning)
+    signature = {name: "constexpr" if name in constexprs else _SIGNATURE[name]
+                 for name in fn.arg_names}
+    pointers = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                if _SIGNATURE.get(name, "").startswith("*")}
+    tuned = _sparse_mla_gluon.tuned(module.TUNING, tuning)
+    return triton.compile(GluonASTSource(fn, signature, constexprs, pointers),
+                          target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": tuned["max_regs"],
+                                   "launch_pdl": tuned.get("pdl", False)})
+
+
+@functools.cache
+def build_problem(kernel: str) -> Optional[str]:
+    """Why Gluon kernel ``kernel`` does not build for sm_90 on this Triton (see
+    :func:`build_error_reason`), or None where it builds: one offline build (head dim 576,
+    every optional argument), once per process."""
+    try:
+        compile_for_sm90(kernel, 576)
+    except BUILD_ERRORS as error:
+        return build_error_reason(error)
+    return None
 
 
 def launch(*args, **tuning):
@@ -100,10 +194,17 @@ def _ws_launch(
     a traced call of the public op records this op instead: the contract has already run in
     the public op's body (this op is never called on unvalidated arguments), and the outputs
     are already allocated, so its fake has nothing to check or allocate. Eager calls launch
-    directly.
+    directly. Where the Gluon kernel does not build (now, or earlier in the process), the op's
+    Triton kernel runs instead (:func:`built`).
     """
-    launch_on_device(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
-                     max_logits, lse, topk_length_errors)
+    args = (q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
+            max_logits, lse, topk_length_errors)
+    if UNBUILDABLE is None and built(launch_on_device, *args) is not None:
+        return
+    from . import sparse_mla_prefill as op  # loaded already: it imports this module
+
+    with on_device_of(q):
+        op._launch(op._sparse_mla_prefill_kernel, *args)
 
 
 @_ws_launch.register_fake

@@ -15,6 +15,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ._gluon_compat import reinterpret
+
 __all__ = ["O_COLS", "P_COLS", "TR_JOIN", "TR_SPLIT", "output_columns", "p_columns",
            "transpose_ldsm", "views16"]
 
@@ -96,6 +98,5 @@ def output_columns(o):
 def views16(k_nope, vt, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr):
     """int16 views of the gathered rows' first 512 columns and of the Vᵀ buffers (the same
     bytes: the swizzles permute 16-byte chunks)."""
-    return (k_nope._reinterpret(gl.int16, [NUM_STAGES, 64, 256],
-                                gl.NVMMASharedLayout(128, 16)),
-            vt._reinterpret(gl.int16, [NUM_VT, 512, 32], gl.NVMMASharedLayout(64, 16)))
+    return (reinterpret(k_nope, gl.int16, [NUM_STAGES, 64, 256], gl.NVMMASharedLayout(128, 16)),
+            reinterpret(vt, gl.int16, [NUM_VT, 512, 32], gl.NVMMASharedLayout(64, 16)))

@@ -258,9 +258,10 @@ def _allocated(allocations, fresh, sizes, dtype, q, split=False):
 
 def warp_specialized(q: torch.Tensor, real: bool = False) -> bool:
     """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see
-    ``KERNEL``): a trace-time constant of the device, never of a size. ``real``: ``q`` is a
-    real CUDA tensor (the eager path), so a GPU is there to ask."""
-    if KERNEL == "triton" or _sparse_mla_sm90 is None:
+    ``KERNEL``): a trace-time constant of the device, never of a size; False for the rest of
+    the process once the Gluon kernel failed to build (``_sparse_mla_sm90.UNBUILDABLE``).
+    ``real``: ``q`` is a real CUDA tensor (the eager path), so a GPU is there to ask."""
+    if KERNEL == "triton" or _sparse_mla_sm90 is None or _sparse_mla_sm90.UNBUILDABLE:
         return False
     if KERNEL == "gluon":  # also on fake CUDA tensors without a GPU: CI traces this path
         return True
@@ -272,6 +273,24 @@ def _is_sm90(device_index: int) -> bool:
     return device_capability(device_index) == (9, 0)
 
 
+def kernel_choice(device: torch.device) -> tuple[str, str]:
+    """The kernel that calls on ``device`` run and why (the self-check's row); without a GPU
+    also whether the sm_90 Gluon kernel builds on this Triton (one offline build a process)."""
+    sm90 = _sparse_mla_sm90
+    if sm90 is None or KERNEL == "triton":
+        return "triton", ("this Triton has no Gluon Hopper API" if sm90 is None
+                          else 'KERNEL = "triton"')
+    on_gpu = device.type == "cuda"
+    if on_gpu and KERNEL == "auto" and not _is_sm90(device.index or 0):
+        return "triton", "sm_%d%d: the Gluon kernels are sm_90 only" % device_capability(
+            device.index or 0)
+    problem = sm90.UNBUILDABLE or sm90.build_problem(sm90.KERNEL)
+    if problem:
+        return "triton", f"the Gluon kernel does not build on this Triton: {problem}"
+    gluon = f"gluon {sm90.KERNEL}", f"sm_90, builds on triton {triton.__version__}"
+    return gluon if on_gpu else ("triton", f"no GPU: the Triton interpreter; {' '.join(gluon)}")
+
+
 def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
              topk_length, out, max_logits, lse, topk_length_errors) -> list[torch.Tensor]:
     """Validate (the ``topk_length`` values too, where the contract may read them), allocate
@@ -281,13 +300,12 @@ def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d
     out, max_logits, lse, fresh = _allocate(q, d_v, out, max_logits, lse)
     launch_args = (q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
                    max_logits, lse, topk_length_errors)
-    if not warp_specialized(q):
-        with on_device_of(q, real_launch):
-            _launch(kernel, *launch_args)
-    elif real_launch:
-        _sparse_mla_sm90.launch_on_device(*launch_args)
-    else:
+    gluon = warp_specialized(q)
+    if gluon and not real_launch:
         torch.ops.strictops_kernels.sparse_mla_ws_launch(*launch_args)
+    elif not (gluon and _sparse_mla_sm90.built(_sparse_mla_sm90.launch_on_device, *launch_args)):
+        with on_device_of(q, real_launch):  # the Triton kernel, also where Gluon did not build
+            _launch(kernel, *launch_args)
     return fresh
 
 
@@ -318,9 +336,11 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
                                        topk_length, out, max_logits, lse, topk_length_errors)
     flags = (topk_length is not None, attn_sink is not None, topk_length_errors is not None)
     device = q.get_device()
-    if warp_specialized(q, real=True):
-        launch = _sparse_mla_sm90.launch_eager(grid, runtime, d_qk, *flags, device)
-    else:
+    launch = None
+    if warp_specialized(q, real=True):  # None where the Gluon kernel does not build
+        launch = _sparse_mla_sm90.built(_sparse_mla_sm90.launch_eager, grid, runtime, d_qk,
+                                        *flags, device)
+    if launch is None:
         t = TUNING
         launch = (_LAUNCHER, grid, (*runtime, d_qk, *flags, contract.HEAD_BLOCK, t["block_n"]),
                   (("num_warps", t["num_warps"]), ("num_stages", t["num_stages"])))
@@ -331,10 +351,11 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
 
 
 _HOST_CALL = _HOST.call
-# What the eager path reads to choose its launch, which a plan must see unchanged.
+# What the eager path reads to choose its launch, which a plan must see unchanged (a failed
+# Gluon build included: no plan made before it serves a Gluon launch after it).
 _SETTINGS = ((globals(), "KERNEL"), (globals(), "TUNING"))
 if _sparse_mla_sm90 is not None:
-    _SETTINGS += ((vars(_sparse_mla_sm90), "KERNEL"),)
+    _SETTINGS += ((vars(_sparse_mla_sm90), "KERNEL"), (vars(_sparse_mla_sm90), "UNBUILDABLE"))
 
 
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
