@@ -682,7 +682,7 @@ class TransportConsumer:
                 f"{self._acknowledged[lease.slot]} of that slot")
         return lease
 
-    def wait(self, lease: Lease, timeout: Optional[float] = None) -> None:
+    def wait(self, lease: Sequence[int], timeout: Optional[float] = None) -> None:
         """Make the current stream wait until ``lease`` is published, for at most ``timeout``
         seconds (default: the consumer's ``wait_timeout``; ``math.inf``: no bound). Raises
         ``TimeoutError`` for an earlier wait that was aborted."""
@@ -698,13 +698,14 @@ class TransportConsumer:
         if not math.isinf(timeout):
             self._watchdog.arm(lease, timeout)
 
-    def view(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+    def view(self, lease: Sequence[int], dtype: torch.dtype,
+             shape: Sequence[int]) -> torch.Tensor:
         """The lease's bytes as a ``dtype`` tensor of ``shape`` (no copy; valid until
         acknowledged)."""
         lease = self._checked(lease)
         return self.pool[lease.start:lease.start + lease.nbytes].view(dtype).view(shape)
 
-    def acknowledge(self, lease: Lease) -> None:
+    def acknowledge(self, lease: Sequence[int]) -> None:
         """Write this consumer's ack once the current stream's prior work (its reads) is done.
         An aborted lease is acknowledged too: the producer frees it once it is published."""
         lease = self._checked(lease, raise_timeouts=False)
@@ -713,11 +714,13 @@ class TransportConsumer:
             self.base_address + lease.ack_byte_offset + self.rank * WORD_BYTES, lease.generation)
         self._acknowledged[lease.slot] = lease.generation
 
-    def receive(self, lease: Lease, dtype: torch.dtype, shape: Sequence[int],
+    def receive(self, lease: Sequence[int], dtype: torch.dtype, shape: Sequence[int],
                 timeout: Optional[float] = None) -> torch.Tensor:
         """Wait for ``lease`` (``timeout`` as :meth:`wait`), copy it out, acknowledge it;
-        returns the copy."""
+        returns the copy. ``lease``, as for :meth:`wait` and :meth:`view`: a :class:`Lease`
+        or any sequence of its seven ints."""
         self.wait(lease, timeout)
+        lease = Lease(*lease)  # checked by wait
         out = self.pool[lease.start:lease.start + lease.nbytes].view(dtype).view(shape).clone()
         self.acknowledge(lease)
         return out

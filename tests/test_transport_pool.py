@@ -577,7 +577,8 @@ def test_gpu_publish_wait_receive_acknowledge_recycle(dtype):
         assert torch.equal(consumers[0].receive(lease, dtype, src.shape), src)
         torch.cuda.synchronize()
         assert pool.recycle() == [] and pool.active_lease_count == 1  # one ack of two
-        assert torch.equal(consumers[1].receive(lease, dtype, src.shape), src)
+        # The lease as it crosses a process boundary: a plain tuple of its seven ints.
+        assert torch.equal(consumers[1].receive(tuple(lease), dtype, src.shape), src)
         torch.cuda.synchronize()
         assert pool.recycle() == [lease] and pool.active_lease_count == 0
         assert pool.error_count() == 0
