@@ -211,18 +211,44 @@ def _copy_writers(conv_ptr, ssm_ptr, src_ptr, mask_ptr, dst_ptr, batch_size, num
                 phase = (phase + per_row % programs) % programs
 
 
-# 32 KiB work items (the original's), each copied in one step of 32 KiB by 8 warps, 4
-# programs per SM. Steps sized in bytes give the two pools' copies tensors of different lengths
-# when their element sizes differ: Triton then lays each copy out on its own, with no shuffle
-# through shared memory between load and store. ``maxnreg`` 64 keeps all four programs resident
-# (ptxas, sm_90: 116-127 registers uncapped; at 64 the spills lie outside the copy loop).
-# Sources loaded evict-last and destinations stored evict-first (the L2 gives up the copy's
-# written lines before its read ones): each faster than the default policy at every row count
-# that copies.
-# See docs/design/mamba_track_states.md#registers-and-residency and #l2-eviction-policy.
-TUNING = {"chunk_bytes": 32768, "block_bytes": 32768, "block_elements": None, "num_warps": 8,
-          "programs_per_sm": 4, "maxnreg": 64, "load_policy": "evict_last",
-          "store_policy": "evict_first"}
+def _triton_version(version: str = triton.__version__) -> tuple[int, int]:
+    """``(major, minor)`` of a Triton version string (``"3.6.0"``, ``"3.10.0+git1a2b3c4"``)."""
+    import re  # here, not at the top: the kernels' line numbers (and so their line info) stay
+
+    major, minor = re.match(r"(\d+)\.(\d+)", version).groups()
+    return int(major), int(minor)
+
+
+def _tuning(version: tuple[int, int]) -> dict:
+    """The default tuning under Triton ``version`` (``(major, minor)``).
+
+    32 KiB work items (the original's), each copied in one step of 32 KiB by 8 warps. Steps
+    sized in bytes give the two pools' copies tensors of different lengths when their element
+    sizes differ: Triton then lays each copy out on its own, with no shuffle through shared
+    memory between load and store. Sources loaded evict-last and destinations stored
+    evict-first (the L2 gives up the copy's written lines before its read ones): each faster
+    than the default policy at every row count that copies.
+
+    Programs per SM, and the register cap that keeps them all resident, follow the compiler
+    (ptxas -v, sm_90, the three specialisations of the sm_90 CPU test):
+
+    - before 3.7 (3.6 is the benchmarks' Triton): 4 programs per SM under ``maxnreg`` 64
+      (118-128 registers uncapped; at 64, 16-36 bytes spilled, all outside the copy loop);
+    - from 3.7 on: that build spills up to 88 bytes on 3.7.1 (some before the exit of a call
+      that tracks nothing) and 72-140 bytes on 3.8.0 and 3.9.0, against the test's 64.
+      Instead 2 programs per SM under ``maxnreg`` 128 (112-126 registers, no spill). On an
+      H200 under triton 3.6, 2 programs per SM uncapped ran within 0.7% of the default at 8
+      and 64 rows and faster at 0 and 1.
+
+    See docs/design/mamba_track_states.md, "Registers and residency" (its "sm_90 builds per
+    Triton version") and "L2 eviction policy"."""
+    programs_per_sm, maxnreg = (4, 64) if version < (3, 7) else (2, 128)
+    return {"chunk_bytes": 32768, "block_bytes": 32768, "block_elements": None, "num_warps": 8,
+            "programs_per_sm": programs_per_sm, "maxnreg": maxnreg,
+            "load_policy": "evict_last", "store_policy": "evict_first"}
+
+
+TUNING = _tuning(_triton_version())
 SCAN = 64
 TILE = 32
 # Programs when no GPU can be asked (tracing on a CPU-only machine): an H200's 132 SMs. The

@@ -199,18 +199,38 @@ def _sm90_build(conv: str, ssm: str, index: str, mask: str, maxnreg) -> tuple:
     return registers, spilled, compiled.asm["ttgir"], lines
 
 
+def test_tuning_follows_the_triton_version_as_numbers():
+    """``TUNING`` is ``_tuning`` of the running Triton's ``(major, minor)``: before 3.7 four
+    programs per SM under a 64-register cap, from 3.7 on two under 128 (either way 8-warp
+    programs that fill a 64K-register SM). Versions compare as numbers: 3.10 is after 3.7."""
+    import triton
+
+    assert op._triton_version("3.6.0") == (3, 6)
+    assert op._triton_version("3.10.1+git1a2b3c4") == (3, 10)
+    assert op._triton_version("4.0.0rc1") == (4, 0)
+    assert op.TUNING == op._tuning(op._triton_version(triton.__version__))
+    for version, residency in {(3, 5): (4, 64), (3, 6): (4, 64), (3, 7): (2, 128),
+                               (3, 9): (2, 128), (3, 10): (2, 128), (4, 0): (2, 128)}.items():
+        tuning = op._tuning(version)
+        assert (tuning["programs_per_sm"], tuning["maxnreg"]) == residency, version
+        assert tuning["num_warps"] * 32 * tuning["programs_per_sm"] * tuning["maxnreg"] == 65536
+        assert {k: v for k, v in tuning.items() if k not in ("programs_per_sm", "maxnreg")} == {
+            "chunk_bytes": 32768, "block_bytes": 32768, "block_elements": None, "num_warps": 8,
+            "load_policy": "evict_last", "store_policy": "evict_first"}
+
+
 @pytest.mark.parametrize("conv, ssm, index, mask", [("bf16", "fp32", "i32", "i1"),
                                                     ("bf16", "fp32", "i64", "i64"),
                                                     ("fp32", "bf16", "i64", "i32")])
 def test_kernel_on_sm90_keeps_its_programs_resident_and_copies_in_registers(conv, ssm, index,
                                                                             mask):
-    """Without a GPU: compiled for sm_90 with the default tuning, every program of the grid
-    (``programs_per_sm`` of ``num_warps`` warps) fits on a 64K-register SM at once; the copies
-    use 16-byte accesses, loads evict-last, go from load to store in registers (no layout
-    change through shared memory between them), and no spill lies between a chunk's first load
-    and last store. A call that marks no row ends after one load, the first block's mask,
-    which comes before the slot loads and any of the walk's arithmetic (a division) or a
-    spill."""
+    """Without a GPU: compiled for sm_90 with the running Triton's default tuning
+    (``TUNING``), every program of the grid (``programs_per_sm`` of ``num_warps`` warps) fits
+    on a 64K-register SM at once; the copies use 16-byte accesses, loads evict-last, go from
+    load to store in registers (no layout change through shared memory between them), and no
+    spill lies between a chunk's first load and last store. A call that marks no row ends
+    after one load, the first block's mask, which comes before the slot loads and any of the
+    walk's arithmetic (a division) or a spill."""
     import re
 
     tuning = op.TUNING
