@@ -1,5 +1,5 @@
 """The build's one compiled part: ``strictops.ops._host_plans``, the C++ eager fast path
-(``ops/_host_plans.cpp``; ``strictops.ops._host_path`` says what it does).
+(``ops/_runtime/host_plans/``; ``strictops.ops._host_path`` says what it does).
 
 It is built against the torch of the build environment, so install without build isolation
 (``pip install --no-build-isolation .``). Without torch in the build environment, with
@@ -7,6 +7,7 @@ It is built against the torch of the build environment, so install without build
 it and every eager call takes the Python path.
 """
 
+import glob
 import os
 
 from setuptools import setup
@@ -21,10 +22,11 @@ def _host_extension():
     except ImportError:
         return [], {}
     cuda_headers = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "include")
+    sources = "ops/_runtime/host_plans"
     extension = CppExtension(
-        "strictops.ops._host_plans", ["ops/_host_plans.cpp"],
-        include_dirs=[cuda_headers], extra_compile_args=["-O2"], libraries=["dl"],
-        optional=True)
+        "strictops.ops._host_plans", sorted(glob.glob(f"{sources}/*.cpp")),
+        include_dirs=[sources, cuda_headers], depends=sorted(glob.glob(f"{sources}/*.h")),
+        extra_compile_args=["-O2"], libraries=["dl"], optional=True)
     return [extension], {"build_ext": BuildExtension.with_options(use_ninja=False)}
 
 

@@ -4,8 +4,8 @@ before runs in C++, from a plan made once per signature.
 A call in plain eager mode costs its host time, and in Python that is tens of microseconds: the
 contract's cached verdict (its signature alone is a tuple of every tensor's metadata), the
 allocations, the cached launcher's key, the launch. :class:`HostPath` keeps, per op, a
-``PlanCache`` of the compiled extension ``strictops.ops._host_plans`` (``ops/_host_plans.cpp``)
-that does the same in one C++ call, in this order:
+``PlanCache`` of the compiled extension ``strictops.ops._host_plans``
+(``ops/_runtime/host_plans/``) that does the same in one C++ call, in this order:
 
 1. the call's key: per argument ``None``; a plain ``torch.Tensor``'s dtype, device, layout,
    sizes, strides, storage offset, whether its address is a multiple of 16 and which earlier
@@ -213,10 +213,10 @@ class HostPath:
               allocations, fresh, result, named):
         if any(not (c.disjoint or c.inside) for c in rows):
             return None
-        # The call's leaves (see make_key in _host_plans.cpp): each argument, a list's or
-        # tuple's items in its place, then the per-call integers; ``position[i]``: argument
-        # ``i``'s leaf (None for a list). A tensor found several times is named by its first
-        # leaf (the key holds which leaves are one object).
+        # The call's leaves (see make_key in _runtime/host_plans/keys.cpp): each argument, a
+        # list's or tuple's items in its place, then the per-call integers; ``position[i]``:
+        # argument ``i``'s leaf (None for a list). A tensor found several times is named by its
+        # first leaf (the key holds which leaves are one object).
         leaves, position = _leaves(args, self.keyed)
         refs: dict[int, int] = {}
         for i, leaf in enumerate(leaves):
@@ -265,8 +265,8 @@ def _named_tensors(indices: tuple[int, ...]) -> Callable[[tuple], list]:
 
 
 def _leaves(args: tuple, keyed: int) -> tuple[list, list]:
-    """The leaves of a call as ``make_key`` in ``_host_plans.cpp`` orders them, and each
-    argument's leaf index (None for a list or tuple)."""
+    """The leaves of a call as ``make_key`` in ``_runtime/host_plans/keys.cpp`` orders them,
+    and each argument's leaf index (None for a list or tuple)."""
     leaves, position = [], []
     for i, a in enumerate(args):
         if i < keyed and type(a) in (list, tuple):  # exactly: make_key has no key for others
@@ -289,7 +289,7 @@ def _copy(value):
 
 
 # How a per-call integer is passed, by the parameter's signature type (see ``Scalar`` in
-# ``_host_plans.cpp``); pointers: by whether the address is a multiple of 16.
+# ``_runtime/host_plans/host_plans.h``); pointers: by whether the address is a multiple of 16.
 _PER_CALL_KINDS = {"i32": "i", "i64": "q"}
 
 
