@@ -24,8 +24,10 @@ def _host_extension():
     cuda_headers = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "include")
     sources = "ops/_runtime/host_plans"
     extension = CppExtension(
-        "strictops.ops._host_plans", sorted(glob.glob(f"{sources}/*.cpp")),
-        include_dirs=[sources, cuda_headers], depends=sorted(glob.glob(f"{sources}/*.h")),
+        # One translation unit: module.cpp includes the other files (see its head).
+        "strictops.ops._host_plans", [f"{sources}/module.cpp"],
+        include_dirs=[sources, cuda_headers],
+        depends=sorted(glob.glob(f"{sources}/*.h") + glob.glob(f"{sources}/*.cpp")),
         extra_compile_args=["-O2"], libraries=["dl"], optional=True)
     return [extension], {"build_ext": BuildExtension.with_options(use_ninja=False)}
 

@@ -27,9 +27,18 @@
 // Python path (strictops.ops._host_path); these files hold no rule of any contract.
 //
 // The files of this folder, one concern each, are listed in host_plans.h; this one holds the
-// PlanCache type and the module.
+// PlanCache type and the module, and includes the others.
 
 #include "host_plans.h"
+
+// One translation unit (a unity build): the concerns are separate files for the reader and are
+// compiled together, so that a call's path inlines across them (key, gate, guards, plan) and
+// torch's headers are parsed once. setup.py compiles this file alone.
+#include "state.cpp"
+#include "driver.cpp"
+#include "keys.cpp"
+#include "run.cpp"
+#include "parse.cpp"
 
 #include <cstddef>
 #include <exception>
