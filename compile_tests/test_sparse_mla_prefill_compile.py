@@ -8,7 +8,8 @@ every other rule fail at trace time with the eager message, but the ``topk_lengt
 which never runs while tracing (the call traces as one graph); overlapping buffers are refused
 at trace time; ``torch.export`` traces the op and refuses bad inputs with the original
 ``ValueError``; Inductor receives one kernel launch and the allocations of the outputs the
-caller did not pass, nothing else.
+caller did not pass, nothing else; once the Gluon kernel failed to build in the process, the
+launch traced is the Triton kernel's.
 
 GPU (``-m gpu``), for both kernels: Inductor, ``mode="reduce-overhead"`` and a manual
 ``torch.cuda.graph`` capture equal eager bit for bit, and ``torch.library.opcheck`` passes
@@ -176,6 +177,20 @@ def test_inductor_receives_one_launch_and_only_the_missing_allocations(flags, al
                   and n.target not in (torch.ops.aten.sym_stride.int, torch.ops.aten.sym_size.int)]
     # No copy, cast or contiguous of any input; with every buffer given, nothing allocated.
     assert tensor_ops == [torch.ops.aten.empty.memory_format] * allocations, gm.code
+
+
+def test_after_a_failed_gluon_build_a_trace_records_the_triton_launch(monkeypatch):
+    """Once the Gluon kernel failed to build in this process (``_sparse_mla_sm90.UNBUILDABLE``,
+    set by its first compile), a traced call records the Triton kernel's launch where it
+    recorded the Gluon one's (``KERNEL = "gluon"``: on any device)."""
+    if op._sparse_mla_sm90 is None:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(op, "KERNEL", "gluon")
+    monkeypatch.setattr(op._sparse_mla_sm90, "UNBUILDABLE", "CompilationError: (a reason)")
+    with fake_mode():
+        gm = aot_op_graph(OP, build(_flagged("functional")))
+    (launch,) = kernel_launches(gm)
+    assert launch.args[:1] != (WS_LAUNCH,) and "triton_kernel_wrapper" in str(launch.target)
 
 
 class _Prefill(torch.nn.Module):

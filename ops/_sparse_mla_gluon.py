@@ -1,13 +1,15 @@
 """The shared-S warp-specialised sm_90 kernel of sparse MLA prefill, in Gluon
 (``triton.experimental``), and the pieces both Gluon kernels share (:func:`launch_kernel`,
-:func:`rows_to_attend`, :func:`store_q`, :func:`tuned`).
+:func:`rows_to_attend`, :func:`store_q`, :func:`tuned`) or the block-pair kernel takes from
+here (:func:`copy_q`, :func:`tile_of`, :func:`wait_for_prior_grid`).
 
 Not the op's default on sm_90 (``strictops.ops._sparse_mla_sm90`` selects; the block-pair
 kernel of ``_sparse_mla_hopper`` runs by default): this kernel runs P·V in fp16, with about
 2.6x lower ``out`` error than the block-pair kernel's FP8 P·V at about 0.6x its speed on the
 H200. It computes what the op's other kernels compute (see ``strictops.ops.sparse_mla_prefill``)
-from the same validated arguments. Importing this module needs Gluon's Hopper API (Triton 3.6;
-``ImportError`` otherwise). Why this design, with what was measured and rejected:
+from the same validated arguments. Importing this module needs Gluon's Hopper API (Triton 3.6 to
+3.9, the names that differ taken from :mod:`._gluon_compat`; ``ImportError`` otherwise). Why
+this design, with what was measured and rejected:
 docs/design/sparse_mla_prefill.md#gluon-kernel-sm_90
 
 Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes token ``pid // (h_q // 64)`` for 64 heads,
@@ -105,6 +107,48 @@ def store_q(q_ptr, q_nope, q_rope, token, h_q, head0, D_QK: gl.constexpr):
         r_cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
         q_rope.store(gl.load(q_ptr + gl.expand_dims(r_rows * D_QK, 1)
                              + gl.expand_dims(r_cols, 0)))
+
+
+@gluon.jit
+def copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, ROW0: gl.constexpr,
+           ROWS: gl.constexpr, D_QK: gl.constexpr):
+    """Start the copy of rows ``[ROW0, ROW0 + ROWS)`` of a tile's 64 heads of Q (token
+    ``token``, heads from ``head0``) into shared memory by ``cp.async``; each thread arrives at
+    ``q_bar`` once its copies have landed. A Q·Kᵀ waits for ``q_bar``, and its proxy fence
+    orders the copies before its reads."""
+    nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    rows = token * h_q + head0 + ROW0 + gl.arange(0, ROWS, gl.SliceLayout(1, nope_layout))
+    cols = gl.arange(0, 512, gl.SliceLayout(0, nope_layout))
+    async_load(
+        q_nope.slice(ROW0, ROWS, dim=0),
+        q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
+    if D_QK > 512:
+        rows = token * h_q + head0 + ROW0 + gl.arange(0, ROWS, gl.SliceLayout(1, rope_layout))
+        cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
+        async_load(
+            q_rope.slice(ROW0, ROWS, dim=0),
+            q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
+    async_copy.mbarrier_arrive(q_bar, increment_count=False)
+
+
+@gluon.jit
+def tile_of(tile, h_q):
+    """Tile ``tile``'s token (int64) and head block: 64 heads of one token, ``h_q // 64``
+    tiles a token."""
+    head_blocks = h_q // _BLOCK_H
+    return (tile // head_blocks).to(gl.int64), tile % head_blocks
+
+
+@gluon.jit
+def wait_for_prior_grid():
+    """``griddepcontrol.wait``: block until the grid this one depends on (the stream's
+    previous kernel, where this one is launched as a programmatic dependent) has completed and
+    its memory is visible; then ``griddepcontrol.launch_dependents``: the next such grid may
+    start its CTAs as this one's leave the SMs."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; // $0",
+                              "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
 
 @gluon.jit
 def _producer(kv_ptr, indices_ptr, token, n_rows, s_kv, topk,

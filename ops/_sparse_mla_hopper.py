@@ -90,9 +90,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._gluon_compat import async_load, reinterpret, thread_barrier
-from ._sparse_mla_gluon import launch_kernel, rows_to_attend, store_q, tuned
-from ._sparse_mla_transpose import output_columns, p_columns, transpose_ldsm, views16
+from ._gluon_compat import async_load, thread_barrier
+from ._sparse_mla_gluon import (copy_q, launch_kernel, rows_to_attend, store_q, tile_of, tuned,
+                                wait_for_prior_grid)
+from ._sparse_mla_transpose import (output_columns, p_columns, store_o_through_vt,
+                                    transpose_block, transpose_ldsm, views16)
 
 __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
 
@@ -122,30 +124,12 @@ _HEADROOM = gl.constexpr(8.0)
 
 
 @gluon.jit
-def _wait_for_prior_grid():
-    """``griddepcontrol.wait``: block until the grid this one depends on (the stream's
-    previous kernel, where this one is launched as a programmatic dependent) has completed and
-    its memory is visible; then ``griddepcontrol.launch_dependents``: the next such grid may
-    start its CTAs as this one's leave the SMs."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; // $0",
-                              "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _load_indices(idx_smem, index_row, i, base, topk, layout: gl.constexpr):
     """Start the copy of block ``i``'s 64 indices into ``idx_smem[(base + i) % 4]`` and commit
     it (the group also holds the block copies issued since the last commit)."""
     j = i * _BLOCK_N + gl.arange(0, _BLOCK_N, layout)
     async_load(idx_smem.index((base + i) % 4), index_row + j, mask=j < topk)
     async_copy.commit_group()
-
-
-@gluon.jit
-def _tile_of(tile, h_q):
-    """Tile ``tile``'s token (int64) and head block: 64 heads of one token, ``h_q // 64``
-    tiles a token."""
-    head_blocks = h_q // _BLOCK_H
-    return (tile // head_blocks).to(gl.int64), tile % head_blocks
 
 
 @gluon.jit
@@ -171,7 +155,7 @@ def _producer(kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, q_ptr, token, n_
         base = 0
         t = 0
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            tile_token, head_block = _tile_of(tile, h_q)
+            tile_token, head_block = tile_of(tile, h_q)
             rows = rows_to_attend(topk_length_ptr, errors_ptr, tile_token, topk, head_block,
                                   HAS_TOPK_LENGTH, HAS_ERRORS)
             base = _produce(kv_ptr, indices_ptr, q_ptr, tile_token, rows, s_kv, h_q, topk,
@@ -222,7 +206,7 @@ def _produce(kv_ptr, indices_ptr, q_ptr, token, n_rows, s_kv, h_q, topk, head0, 
     if PERSISTENT:
         if t > 0:
             mbarrier.wait(q_free, (t - 1) & 1)
-        _copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, 0, _BLOCK_H, D_QK)
+        copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, 0, _BLOCK_H, D_QK)
     for i in range(n_blocks + LAG):
         if i < n_blocks:
             s = (base + i) % NUM_STAGES
@@ -272,29 +256,6 @@ def _produce(kv_ptr, indices_ptr, q_ptr, token, n_rows, s_kv, h_q, topk, head0, 
                 thread_barrier()
                 mbarrier.arrive(vt_ready.index(2 * v + h))
     return base + n_blocks
-
-
-@gluon.jit
-def _copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, ROW0: gl.constexpr,
-            ROWS: gl.constexpr, D_QK: gl.constexpr):
-    """Start the copy of rows ``[ROW0, ROW0 + ROWS)`` of a tile's 64 heads of Q (token
-    ``token``, heads from ``head0``) into shared memory by ``cp.async``; each thread arrives at
-    ``q_bar`` once its copies have landed. A Q·Kᵀ waits for ``q_bar``, and its proxy fence
-    orders the copies before its reads."""
-    nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    rope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    rows = token * h_q + head0 + ROW0 + gl.arange(0, ROWS, gl.SliceLayout(1, nope_layout))
-    cols = gl.arange(0, 512, gl.SliceLayout(0, nope_layout))
-    async_load(
-        q_nope.slice(ROW0, ROWS, dim=0),
-        q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
-    if D_QK > 512:
-        rows = token * h_q + head0 + ROW0 + gl.arange(0, ROWS, gl.SliceLayout(1, rope_layout))
-        cols = 512 + gl.arange(0, 64, gl.SliceLayout(0, rope_layout))
-        async_load(
-            q_rope.slice(ROW0, ROWS, dim=0),
-            q_ptr + gl.expand_dims(rows * D_QK, 1) + gl.expand_dims(cols, 0))
-    async_copy.mbarrier_arrive(q_bar, increment_count=False)
 
 
 @gluon.jit
@@ -396,33 +357,6 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
 
 
 @gluon.jit
-def _transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k_free,
-                     NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_COLS: gl.constexpr,
-                     VT_LDSM: gl.constexpr):
-    """Half ``C`` of V of block ``b = 2p + q``, transposed into rows ``[256C, 256C + 256)`` of
-    ``vt[b % NUM_VT]``, ``TR_COLS`` columns per load; releases the block if it is the other
-    consumer's. The caller fences and synchronises before the P·V reads."""
-    # [64 rows, 64 columns] per 8 x 4 bytes of a thread, stored transposed as 4 groups of 8
-    # contiguous bytes.
-    tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
-    b = 2 * p + q
-    s = b % NUM_STAGES
-    v = b % NUM_VT
-    if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
-        mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
-    for c in gl.static_range(C * 256, C * 256 + 256, TR_COLS):
-        if VT_LDSM:
-            k16, vt16 = views16(k_nope, vt, NUM_STAGES, NUM_VT)
-            transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
-                           vt16.index(v).slice(c, TR_COLS, dim=0), TR_COLS // 2)
-        else:
-            x = k_nope.index(s).slice(c, TR_COLS, dim=1).load(tr_layout)
-            vt.index(v).slice(c, TR_COLS, dim=0).store(gl.permute(x, (1, 0)))
-    if q != C:
-        mbarrier.arrive(k_free.index(s))
-
-
-@gluon.jit
 def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
               topk_length_ptr, token, head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale,
               q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready,
@@ -438,7 +372,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
         pairs = 0
         t = 0
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            tile_token, head_block = _tile_of(tile, h_q)
+            tile_token, head_block = tile_of(tile, h_q)
             rows = rows_to_attend(topk_length_ptr, topk_length_ptr, tile_token, topk, 0,
                                   HAS_TOPK_LENGTH, False)
             _consumer_tile(C, pairs, t & 1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
@@ -471,7 +405,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     ``phase``: of ``l_bar``, ``q_bar`` and ``q_free`` in this tile. Q is in shared memory
     already, or copied by both consumers (``Q_ASYNC``) or by the producer (``PERSISTENT``:
     each consumer arrives at ``q_free`` once no Q·Kᵀ of the tile reads it). ``O_SMEM``: O is
-    stored through shared memory (``_store_o_through_smem``)."""
+    stored through shared memory (``store_o_through_vt``)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -484,7 +418,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     l_i = gl.zeros([_BLOCK_H], gl.float32, row_s)
     n_pairs = gl.maximum(gl.cdiv(n_rows, 2 * _BLOCK_N), 1)
     if Q_ASYNC:
-        _copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, 32 * C, 32, D_QK)
+        copy_q(q_ptr, q_nope, q_rope, token, h_q, head0, q_bar, 32 * C, 32, D_QK)
     if Q_ASYNC or PERSISTENT:
         mbarrier.wait(q_bar, phase)
     # Pair 0 is peeled: carrying a Q·Kᵀ token across the loop's back edge makes ptxas
@@ -493,7 +427,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
                    NUM_STAGES)
     if TR_CONS:
         for q in gl.static_range(2):
-            _transpose_block(C, q, P0, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
+            transpose_block(C, q, P0, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
                              TR_COLS, VT_LDSM)
         fence_async_shared()  # generic stores, then wgmma (async proxy) reads
         thread_barrier()
@@ -513,12 +447,12 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
         # p - 1, is done) are transposed while it runs.
         EARLY: gl.constexpr = (NUM_VT - 1 if TR_EARLY else 0) if TR_CONS else 0
         for q in gl.static_range(EARLY):
-            _transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
+            transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
                              TR_COLS, VT_LDSM)
         acc = warpgroup_mma_wait(QK_GROUPS, deps=(pv, ))
         if TR_CONS:
             for q in gl.static_range(EARLY, 2):
-                _transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES,
+                transpose_block(C, q, P0 + p, k_nope, vt, k_ready, k_free, NUM_STAGES,
                                  NUM_VT, TR_COLS, VT_LDSM)
             fence_async_shared()  # generic stores, then wgmma (async proxy) reads
             thread_barrier()
@@ -559,36 +493,13 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     if VT_LDSM:  # column r of O is output column ρ(r)
         out = output_columns(out)
     if O_SMEM:
-        _store_o_through_smem(C, out.to(gl.bfloat16), out_ptr, row_of_head, vt, NUM_VT)
+        store_o_through_vt(C, out.to(gl.bfloat16), out_ptr, row_of_head, vt, NUM_VT)
     else:
         out_layout: gl.constexpr = out.type.layout
         out_rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, out_layout))
         out_cols = C * 256 + gl.arange(0, 256, gl.SliceLayout(0, out_layout))
         gl.store(out_ptr + gl.expand_dims(out_rows, 1) * _D_V + gl.expand_dims(out_cols, 0),
                  out.to(gl.bfloat16))
-
-
-@gluon.jit
-def _store_o_through_smem(C: gl.constexpr, out, out_ptr, row_of_head, vt, NUM_VT: gl.constexpr):
-    """Store this consumer's bf16 O [64, 256] (output columns ``[256C, 256C + 256)``) through
-    its halves of the first two Vᵀ buffers (no P·V of this consumer reads them until its next
-    transposes): 128 columns into each, then read back 16 bytes a thread and stored as whole
-    rows (16-byte stores instead of 4-byte ones)."""
-    # [2v + c]: half c of vt[v] (16 KiB), as [64, 128] bf16.
-    o_buf = reinterpret(vt, gl.bfloat16, [2 * NUM_VT, _BLOCK_H, 128],
-                        gl.NVMMASharedLayout(128, 16))
-    lo, hi = gl.split(gl.permute(gl.reshape(out, [_BLOCK_H, 2, 128]), (0, 2, 1)))
-    o_buf.index(C).store(lo)
-    o_buf.index(2 + C).store(hi)
-    thread_barrier()
-    row_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, row_layout))
-    cols = gl.arange(0, 128, gl.SliceLayout(0, row_layout))
-    for h in gl.static_range(2):
-        x = o_buf.index(2 * h + C).load(row_layout)
-        gl.store(out_ptr + gl.expand_dims(rows, 1) * _D_V + gl.expand_dims(C * 256 + h * 128
-                                                                           + cols, 0), x)
-    thread_barrier()  # every warp's reads, before its next transposes overwrite Vᵀ
 
 
 @gluon.jit
@@ -700,7 +611,7 @@ def sparse_mla_hopper_kernel(
     mbarrier.init(q_bar, count=128 if PERSISTENT else 256)
     mbarrier.init(q_free, count=2)
     if PDL:  # launched as a programmatic dependent: nothing above touches global memory
-        _wait_for_prior_grid()
+        wait_for_prior_grid()
 
     kv_scale = gl.load(kv_scale_ptr)
     # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).

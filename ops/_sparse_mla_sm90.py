@@ -1,5 +1,6 @@
-"""The sm_90 launch path of sparse MLA prefill: which Gluon kernel runs, its eager launch through
-the cached launcher, and its launch as an op of its own for traced calls.
+"""The sm_90 launch path of sparse MLA prefill: which Gluon kernel runs, whether it builds on
+this Triton, its eager launch through the cached launcher, and its launch as an op of its own
+for traced calls.
 
 Two Gluon kernels compute the op on sm_90 from the same validated arguments, grid
 ``(s_q * h_q // 64,)`` and runtime parameters (``strictops.ops.sparse_mla_prefill`` has the
@@ -34,12 +35,12 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import PTXASError
 
 from . import _sparse_mla_gluon, _sparse_mla_hopper
-from ._dispatch import on_device_of
+from ._dispatch import device_capability, on_device_of
 from ._launcher import Launcher
 
 __all__ = ["BUILD_ERRORS", "GluonBuildWarning", "KERNEL", "KERNELS", "UNBUILDABLE",
-           "build_problem", "built", "compile_for_sm90", "launch", "launch_eager",
-           "launch_on_device"]
+           "build_problem", "built", "compile_for_sm90", "kernel_choice", "launch",
+           "launch_eager", "launch_on_device"]
 
 KERNELS = {"block_pair": _sparse_mla_hopper, "shared_s": _sparse_mla_gluon}
 # The kernel sm_90 calls run; the other stays selectable for A/B runs and tests.
@@ -48,7 +49,6 @@ KERNEL = "block_pair"
 _KERNEL_FNS = {"block_pair": _sparse_mla_hopper.sparse_mla_hopper_kernel,
                "shared_s": _sparse_mla_gluon.sparse_mla_ws_kernel}
 _LAUNCHERS = {name: Launcher(fn) for name, fn in _KERNEL_FNS.items()}
-
 
 # What a kernel that does not build on this Triton raises at its first compile, before anything
 # is launched (the Gluon front end's error, ptxas's); a launch's own errors are never caught.
@@ -73,20 +73,21 @@ def build_error_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def built(launch_gluon, *args):
-    """``launch_gluon(*args)`` (a launch of a Gluon kernel, compiling it the first time); where
-    the compile fails with one of :data:`BUILD_ERRORS`, sets :data:`UNBUILDABLE` to the reason,
-    warns (:class:`GluonBuildWarning`, once: the caller never asks again) and returns None, for
-    the caller to launch the Triton kernel instead."""
+def built(launch_gluon, *args) -> bool:
+    """Make the launch ``launch_gluon(*args)`` of a Gluon kernel (compiling it the first
+    time) and return True; where the compile fails with one of :data:`BUILD_ERRORS`, nothing
+    is launched: set :data:`UNBUILDABLE` to the reason, warn (:class:`GluonBuildWarning`, once:
+    the op asks no more) and return False, for the caller to launch the Triton kernel."""
     global UNBUILDABLE
     try:
-        return launch_gluon(*args)
+        launch_gluon(*args)
+        return True
     except BUILD_ERRORS as error:
         UNBUILDABLE = build_error_reason(error)
     warnings.warn(f"the sm_90 Gluon kernel of sparse MLA prefill does not build on triton "
                   f"{triton.__version__} ({UNBUILDABLE}); this process runs the Triton kernel",
                   GluonBuildWarning, stacklevel=3)
-    return None
+    return False
 
 
 # The runtime parameters of both kernels as an offline build types them (``n_tiles``: the
@@ -132,6 +133,23 @@ def build_problem(kernel: str) -> Optional[str]:
     return None
 
 
+def kernel_choice(device: torch.device, forced: bool) -> tuple[str, str]:
+    """The op's kernel for calls on ``device`` and why, where the op would take the Gluon
+    kernel on sm_90 (``forced``: on any device): the Triton kernel on another GPU, where the
+    Gluon kernel does not build (in this process, or in one offline build: see
+    :func:`build_problem`) or without a GPU (the Triton interpreter)."""
+    on_gpu = device.type == "cuda"
+    capability = device_capability(device.index or 0) if on_gpu else None
+    if capability not in (None, (9, 0)) and not forced:
+        return "triton", "sm_%d%d: the Gluon kernels are sm_90 only" % capability
+    problem = UNBUILDABLE or build_problem(KERNEL)
+    if problem:
+        return "triton", f"the Gluon kernel does not build on this Triton: {problem}"
+    builds = f"builds on triton {triton.__version__}"
+    return (f"gluon {KERNEL}", f"sm_90, {builds}") if on_gpu else (
+        "triton", f"no GPU: the Triton interpreter; on sm_90 gluon {KERNEL}, which {builds}")
+
+
 def launch(*args, **tuning):
     """The ``launch`` of the ``KERNEL`` module: ``args`` as for
     ``strictops_kernels::sparse_mla_ws_launch``, ``tuning`` overrides entries of its
@@ -155,20 +173,22 @@ def launch_eager(grid, runtime_args, d_qk, has_topk_length, has_attn_sink, has_e
     per token and 64 heads (the kernel's ``programs_and_extra`` gives what it launches),
     ``runtime_args`` the 15 parameters both kernels take first (those of :func:`launch`'s
     call, in order). Returns the launch made: ``(launcher, grid, kernel arguments,
-    options)``."""
+    options)``; None where the kernel does not build on this Triton (:func:`built`)."""
     constants, options = _eager_constants(KERNEL, d_qk, has_topk_length, has_attn_sink,
                                           has_errors)
     programs, extra = KERNELS[KERNEL].programs_and_extra(grid[0], device)
     launcher, grid = _LAUNCHERS[KERNEL], (programs, 1, 1)
     arguments = (*runtime_args, *extra.values(), *constants)
-    launcher(grid, arguments, options, device)
+    if not built(launcher, grid, arguments, options, device):
+        return None
     return launcher, grid, arguments, options
 
 
-def launch_on_device(q, *args):
-    """:func:`launch` on ``q``'s device (made current for the launch if it is not)."""
+def launch_on_device(q, *args) -> bool:
+    """:func:`launch` on ``q``'s device (made current for the launch if it is not); False,
+    with nothing launched, where the kernel does not build on this Triton (:func:`built`)."""
     with on_device_of(q):
-        return launch(q, *args)
+        return built(launch, q, *args)
 
 
 @torch.library.custom_op("strictops_kernels::sparse_mla_ws_launch",
@@ -199,7 +219,7 @@ def _ws_launch(
     """
     args = (q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
             max_logits, lse, topk_length_errors)
-    if UNBUILDABLE is None and built(launch_on_device, *args) is not None:
+    if UNBUILDABLE is None and launch_on_device(*args):
         return
     from . import sparse_mla_prefill as op  # loaded already: it imports this module
 

@@ -1,5 +1,8 @@
 """The V transpose of the block-pair sparse MLA kernel (``_sparse_mla_hopper``) by
-``ldmatrix.trans``, ``prmt`` and ``stmatrix``, and the register relabellings that go with it.
+``ldmatrix.trans``, ``prmt`` and ``stmatrix``, the register relabellings that go with it, and
+the kernel's other uses of its Vᵀ buffers: a consumer's transpose of its half of a block
+(:func:`transpose_block`, by either method) and O stored through them
+(:func:`store_o_through_vt`).
 
 V [64 rows n, 512 columns d] (FP8, a gathered block in shared memory, 128-byte swizzle) becomes
 Vᵀ [512, 64] (64-byte swizzle, the K-major B operand of the P·V ``wgmma``) with V[n][d] at
@@ -14,11 +17,12 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ._gluon_compat import reinterpret
+from ._gluon_compat import reinterpret, thread_barrier
 
 __all__ = ["O_COLS", "P_COLS", "TR_JOIN", "TR_SPLIT", "output_columns", "p_columns",
-           "transpose_ldsm", "views16"]
+           "store_o_through_vt", "transpose_block", "transpose_ldsm", "views16"]
 
 # Permutations of the index bits (most significant first); the test models them.
 TR_SPLIT = gl.constexpr((0, 1, 3, 4, 6, 5, 2))  # [n5 n4 n3 n2 n1 n0 j] -> [n5 n4 n2 n1 j n0 n3]
@@ -100,3 +104,52 @@ def views16(k_nope, vt, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr):
     bytes: the swizzles permute 16-byte chunks)."""
     return (reinterpret(k_nope, gl.int16, [NUM_STAGES, 64, 256], gl.NVMMASharedLayout(128, 16)),
             reinterpret(vt, gl.int16, [NUM_VT, 512, 32], gl.NVMMASharedLayout(64, 16)))
+
+
+@gluon.jit
+def transpose_block(C: gl.constexpr, q: gl.constexpr, p, k_nope, vt, k_ready, k_free,
+                    NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_COLS: gl.constexpr,
+                    VT_LDSM: gl.constexpr):
+    """Half ``C`` of V of block ``b = 2p + q``, transposed into rows ``[256C, 256C + 256)`` of
+    ``vt[b % NUM_VT]``, ``TR_COLS`` columns per load; releases the block if it is the other
+    consumer's. The caller fences and synchronises before the P·V reads."""
+    # [64 rows, 64 columns] per 8 x 4 bytes of a thread, stored transposed as 4 groups of 8
+    # contiguous bytes.
+    tr_layout: gl.constexpr = gl.BlockedLayout([8, 4], [8, 4], [1, 4], [1, 0])
+    b = 2 * p + q
+    s = b % NUM_STAGES
+    v = b % NUM_VT
+    if q != C:  # this consumer's own block was waited for before its Q·Kᵀ
+        mbarrier.wait(k_ready.index(s), (b // NUM_STAGES) & 1)
+    for c in gl.static_range(C * 256, C * 256 + 256, TR_COLS):
+        if VT_LDSM:
+            k16, vt16 = views16(k_nope, vt, NUM_STAGES, NUM_VT)
+            transpose_ldsm(k16.index(s).slice(c // 2, TR_COLS // 2, dim=1),
+                           vt16.index(v).slice(c, TR_COLS, dim=0), TR_COLS // 2)
+        else:
+            x = k_nope.index(s).slice(c, TR_COLS, dim=1).load(tr_layout)
+            vt.index(v).slice(c, TR_COLS, dim=0).store(gl.permute(x, (1, 0)))
+    if q != C:
+        mbarrier.arrive(k_free.index(s))
+
+
+@gluon.jit
+def store_o_through_vt(C: gl.constexpr, out, out_ptr, row_of_head, vt, NUM_VT: gl.constexpr):
+    """Store this consumer's bf16 O [64, 256] (output columns ``[256C, 256C + 256)``) through
+    its halves of the first two Vᵀ buffers (no P·V of this consumer reads them until its next
+    transposes): 128 columns into each, then read back 16 bytes a thread and stored as whole
+    rows (16-byte stores instead of 4-byte ones)."""
+    # [2v + c]: half c of vt[v] (16 KiB), as [64, 128] bf16.
+    o_buf = reinterpret(vt, gl.bfloat16, [2 * NUM_VT, 64, 128], gl.NVMMASharedLayout(128, 16))
+    lo, hi = gl.split(gl.permute(gl.reshape(out, [64, 2, 128]), (0, 2, 1)))
+    o_buf.index(C).store(lo)
+    o_buf.index(2 + C).store(hi)
+    thread_barrier()
+    row_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    rows = gl.convert_layout(row_of_head, gl.SliceLayout(1, row_layout))
+    cols = gl.arange(0, 128, gl.SliceLayout(0, row_layout))
+    for h in gl.static_range(2):
+        x = o_buf.index(2 * h + C).load(row_layout)
+        gl.store(out_ptr + gl.expand_dims(rows, 1) * 512 + gl.expand_dims(C * 256 + h * 128
+                                                                          + cols, 0), x)
+    thread_barrier()  # every warp's reads, before its next transposes overwrite Vᵀ

@@ -1,6 +1,8 @@
 """The self-check behind ``python -m strictops``.
 
-For every registered op (:data:`strictops.ops.OP_MODULES`) it shows three things:
+For every registered op (:data:`strictops.ops.OP_MODULES`) it says which kernel the op's calls
+run here and why (the op module's ``kernel_choice(device) -> (kernel, why)`` where it has one,
+else its one ``@triton.jit`` kernel), and shows three things:
 
 1. **Exact result.** The op on a valid call whose index tensors mix valid, negative,
    out-of-range and duplicate values (the op module's ``example_inputs``) leaves its output
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from triton.runtime.jit import JITFunction
+
 from strictops.meta import CONTRACTS
 from strictops.meta._calls import Call, failures, fake_mode
 from strictops.meta._specs import TensorSpec, build_value, buildable_here
@@ -116,6 +120,25 @@ def check_result(op: str, module) -> Row:
     return Row(op, "exact result", torch.equal(args[name], expected), detail)
 
 
+def check_kernel(op: str, module) -> Row:
+    """The kernel the op's calls run here (on ``cuda:0``, or without a GPU on CPU tensors) and
+    why: the module's ``kernel_choice(device)`` where it defines one, else the one
+    ``@triton.jit`` kernel it defines (by the package's naming, a name ending in ``_kernel``).
+    A row of information: it fails only where the choice itself raises."""
+    on_gpu = torch.cuda.is_available()
+    choice = getattr(module, "kernel_choice", None)
+    if choice is not None:
+        name, why = choice(torch.device("cuda:0" if on_gpu else "cpu"))
+    else:
+        kernels = sorted(n for n, v in vars(module).items() if isinstance(v, JITFunction)
+                         and n.endswith("_kernel") and v.__module__ == module.__name__)
+        name = kernels[0] if len(kernels) == 1 else "triton"
+        why = "its one Triton kernel" if len(kernels) == 1 else (
+            f"one of {', '.join(kernels)}; the module has no kernel_choice")
+        why += "" if on_gpu else "; no GPU: the Triton interpreter"
+    return Row(op, "kernel", True, f"{name} ({why})")
+
+
 def _call(op: str, module, spec: dict) -> Call:
     return Call(_short(op), spec, None, module.contract)
 
@@ -162,6 +185,7 @@ def check_op(op: str, module) -> list[Row]:
     """Every check of one op, in report order."""
     spec = _fake_spec(module)
     rows = [
+        _guarded(op, "kernel", functools.partial(check_kernel, op, module)),
         _guarded(op, "exact result", functools.partial(check_result, op, module)),
         _guarded(op, "compile trace", functools.partial(check_trace, op, module, spec)),
     ]

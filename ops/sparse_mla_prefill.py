@@ -17,33 +17,13 @@ some buffers and not others.
 Two paths (``KERNEL``, ``warp_specialized``): on an sm_90 GPU a warp-specialised Gluon
 kernel (``strictops.ops._sparse_mla_sm90`` chooses it: by default the block-pair kernel, 2.5x
 the Triton kernel here on the H200; docs/design/sparse_mla_prefill.md), everywhere else the
-Triton kernel below
-(other GPUs, the Triton interpreter, tracing without a GPU). Inductor cannot compile a Gluon
-kernel from a ``wrap_triton`` launch, so a traced call of the Gluon path records an opaque op,
-``strictops_kernels::sparse_mla_ws_launch``, after the contract has run in this op's body;
-an eager call launches it directly. The choice is a trace-time constant of the device, never
-of a size.
-
-Semantics, for token ``t`` and head ``h``, over the valid selected rows ``j`` (``0 <= idx_j <
-s_kv``, and ``j < topk_length[t]`` when given)::
-
-    s_j        = sm_scale * q_scale * kv_scale * dot(q[t, h, :], kv[idx_j, 0, :])
-    max_logits = max_j s_j
-    lse        = log(sum_j exp(s_j))
-    out        = sum_j softmax(s)_j * kv_scale * kv[idx_j, 0, :d_v]
-    out       *= exp(lse) / (exp(lse) + exp(attn_sink[h]))       (with attn_sink)
-
-A row with no valid index gives ``out = 0`` (whatever ``attn_sink``, ``+inf`` included),
-``max_logits = -inf``, ``lse = +inf``. A sink of ``+inf`` gives ``out = 0``, one of ``-inf``
-the output without a sink. Invalid indices and rows past ``topk_length`` are never read.
-
-``topk_length`` values outside ``[0, topk]``: the kernel clamps them to that range, so any
-value is memory-safe. Besides, an eager call outside ``torch.compile`` and CUDA-graph capture
-reads them (one host sync) and raises the original ``ValueError``, in the original's order
-(the contract's ``topk_length_values`` rule, right after ``topk_length``'s own); a caller that
-passes ``topk_length_errors`` (``[1]`` int32 on ``q``'s device) instead gets, with no host sync
-in any mode, the number of tokens whose value was out of range added to it on the device, to
-read whenever convenient.
+Triton kernel below (other GPUs, the Triton interpreter, tracing without a GPU, a Triton on
+which the Gluon kernel failed to build). Inductor cannot compile a Gluon kernel from a
+``wrap_triton`` launch, so a traced call of the Gluon path records an opaque op,
+``strictops_kernels::sparse_mla_ws_launch``, after the contract has run in this op's body; an
+eager call launches it directly. The choice is a trace-time constant of the device, never of a
+size. Semantics (the formula, empty rows, infinite sinks, out-of-range ``topk_length``):
+:func:`sparse_mla_q8kv8_prefill_fwd`, and as math :func:`reference`.
 """
 
 from __future__ import annotations
@@ -74,8 +54,8 @@ except ImportError as error:  # without it, the Triton kernel runs everywhere
 
 # The public function. The reference and the helpers of tests, benchmarks and the self-check
 # (``reference``, ``relative_l2``, ``compare_to_reference``, ``launch_interpreted``,
-# ``random_inputs``, ``example_inputs``, ``selfcheck_result``) are importable by name, not
-# exported.
+# ``random_inputs``, ``example_inputs``, ``selfcheck_result``, ``kernel_choice``) are importable
+# by name, not exported.
 __all__ = ["sparse_mla_q8kv8_prefill_fwd"]
 
 
@@ -257,9 +237,8 @@ def _allocated(allocations, fresh, sizes, dtype, q, split=False):
 
 
 def warp_specialized(q: torch.Tensor, real: bool = False) -> bool:
-    """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see
-    ``KERNEL``): a trace-time constant of the device, never of a size; False for the rest of
-    the process once the Gluon kernel failed to build (``_sparse_mla_sm90.UNBUILDABLE``).
+    """Whether calls on ``q``'s device run the warp-specialised Gluon kernel (see ``KERNEL``;
+    never once it failed to build): a trace-time constant of the device, never of a size.
     ``real``: ``q`` is a real CUDA tensor (the eager path), so a GPU is there to ask."""
     if KERNEL == "triton" or _sparse_mla_sm90 is None or _sparse_mla_sm90.UNBUILDABLE:
         return False
@@ -274,21 +253,11 @@ def _is_sm90(device_index: int) -> bool:
 
 
 def kernel_choice(device: torch.device) -> tuple[str, str]:
-    """The kernel that calls on ``device`` run and why (the self-check's row); without a GPU
-    also whether the sm_90 Gluon kernel builds on this Triton (one offline build a process)."""
-    sm90 = _sparse_mla_sm90
-    if sm90 is None or KERNEL == "triton":
-        return "triton", ("this Triton has no Gluon Hopper API" if sm90 is None
+    """The kernel that calls on ``device`` run, and why (the self-check's row)."""
+    if KERNEL == "triton" or _sparse_mla_sm90 is None:
+        return "triton", ("this Triton has no Gluon Hopper API" if _sparse_mla_sm90 is None
                           else 'KERNEL = "triton"')
-    on_gpu = device.type == "cuda"
-    if on_gpu and KERNEL == "auto" and not _is_sm90(device.index or 0):
-        return "triton", "sm_%d%d: the Gluon kernels are sm_90 only" % device_capability(
-            device.index or 0)
-    problem = sm90.UNBUILDABLE or sm90.build_problem(sm90.KERNEL)
-    if problem:
-        return "triton", f"the Gluon kernel does not build on this Triton: {problem}"
-    gluon = f"gluon {sm90.KERNEL}", f"sm_90, builds on triton {triton.__version__}"
-    return gluon if on_gpu else ("triton", f"no GPU: the Triton interpreter; {' '.join(gluon)}")
+    return _sparse_mla_sm90.kernel_choice(device, KERNEL == "gluon")
 
 
 def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
@@ -303,7 +272,7 @@ def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d
     gluon = warp_specialized(q)
     if gluon and not real_launch:
         torch.ops.strictops_kernels.sparse_mla_ws_launch(*launch_args)
-    elif not (gluon and _sparse_mla_sm90.built(_sparse_mla_sm90.launch_on_device, *launch_args)):
+    elif not (gluon and _sparse_mla_sm90.launch_on_device(*launch_args)):
         with on_device_of(q, real_launch):  # the Triton kernel, also where Gluon did not build
             _launch(kernel, *launch_args)
     return fresh
@@ -336,11 +305,9 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
                                        topk_length, out, max_logits, lse, topk_length_errors)
     flags = (topk_length is not None, attn_sink is not None, topk_length_errors is not None)
     device = q.get_device()
-    launch = None
-    if warp_specialized(q, real=True):  # None where the Gluon kernel does not build
-        launch = _sparse_mla_sm90.built(_sparse_mla_sm90.launch_eager, grid, runtime, d_qk,
-                                        *flags, device)
-    if launch is None:
+    launch = warp_specialized(q, real=True) and _sparse_mla_sm90.launch_eager(
+        grid, runtime, d_qk, *flags, device)  # None where the Gluon kernel does not build
+    if not launch:
         t = TUNING
         launch = (_LAUNCHER, grid, (*runtime, d_qk, *flags, contract.HEAD_BLOCK, t["block_n"]),
                   (("num_warps", t["num_warps"]), ("num_stages", t["num_stages"])))
@@ -351,8 +318,8 @@ def _eager(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_len
 
 
 _HOST_CALL = _HOST.call
-# What the eager path reads to choose its launch, which a plan must see unchanged (a failed
-# Gluon build included: no plan made before it serves a Gluon launch after it).
+# What the eager path reads to choose its launch (a failed Gluon build too), which a plan must
+# see unchanged.
 _SETTINGS = ((globals(), "KERNEL"), (globals(), "TUNING"))
 if _sparse_mla_sm90 is not None:
     _SETTINGS += ((vars(_sparse_mla_sm90), "KERNEL"), (vars(_sparse_mla_sm90), "UNBUILDABLE"))

@@ -7,22 +7,28 @@ message, its place in the original's order, and no value read where it must not 
 reference and the kernel under the Triton interpreter with sinks of +-inf and empty tokens (no
 NaN); the kernel against the float64 reference on small shapes (both head dims, invalid
 indices, empty rows, partial ``topk_length``, ``attn_sink``, no load of a row that must not be
-read, out-of-range lengths counted); the Gluon kernel built for sm_90 with wgmma for both
-products; the kernel choice by device capability. GPU (``-m gpu``): the same on real CUDA
-tensors at moderate shapes, fresh random inputs every run, for both kernels (the Triton one and
-the warp-specialised Gluon one that sm_90 runs by default), the block-pair kernel with each
-of its schedules, persistent CTAs over many tiles, and the value rule's order through the
-public op.
+read, out-of-range lengths counted); the Gluon kernels built for sm_90 with wgmma for both
+products, as many as Triton 3.6 builds; the kernel choice by device capability; a Gluon kernel
+that does not build falling back to the Triton kernel with one warning, on every path. GPU
+(``-m gpu``): the same on real CUDA tensors at moderate shapes, fresh random inputs every run,
+for both kernels (the Triton one and the warp-specialised Gluon one that sm_90 runs by
+default), the block-pair kernel with each of its schedules, persistent CTAs over many tiles,
+and the value rule's order through the public op.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import functools
+import re
 import secrets
 import subprocess
 import sys
+import types
 import unittest
+import warnings
 
 import expecttest
 import numpy as np
@@ -48,6 +54,7 @@ from strictops.meta.testing import (
 from strictops.ops import sparse_mla_prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 from strictops.ops._dispatch import device_capability
+from strictops.ops._interpret import interpreted
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Sizes for the pinned messages: distinct, so a message that shows the wrong size shows it.
@@ -581,32 +588,33 @@ def test_the_op_imports_on_a_triton_without_gluon():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-# The Gluon kernel's signature for an ahead-of-time sm_90 build (pointers 16-byte aligned, as
-# the JIT specialises them for fresh allocations).
-_WS_SIGNATURE = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "indices_ptr": "*i32",
-                 "q_scale_ptr": "*fp32", "kv_scale_ptr": "*fp32", "attn_sink_ptr": "*fp32",
-                 "topk_length_ptr": "*i32", "errors_ptr": "*i32", "out_ptr": "*bf16",
-                 "max_logits_ptr": "*fp32", "lse_ptr": "*fp32", "sm_scale": "fp32",
-                 "s_kv": "i32", "h_q": "i32", "topk": "i32"}
-
-
-def _sm90_ptx(module, kernel, d_qk: int, **tuning):
-    """PTX of a Gluon kernel built ahead of time for sm_90 with what its ``launch()`` compiles
-    (every optional argument given); asserts that its shared memory fits the H200's 227 KiB."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    constexprs = module.constexprs(d_qk, True, True, True, **tuning)
-    signature = _WS_SIGNATURE | ({"n_tiles": "i32"} if "n_tiles" in kernel.arg_names else {})
-    source = GluonASTSource(kernel, signature | {k: "constexpr" for k in constexprs},
-                            constexprs, {(i,): [["tt.divisibility", 16]] for i in range(11)})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                              options={"num_warps": 4, "maxnreg": module.TUNING["max_regs"]})
+def _sm90_ptx(kernel: str, d_qk: int, **tuning) -> str:
+    """PTX of an sm_90 Gluon kernel (a key of ``_sparse_mla_sm90.KERNELS``) built ahead of
+    time with what its ``launch()`` compiles (every optional argument given); asserts that its
+    shared memory fits the H200's 227 KiB, that no MMA falls back to ``mma.sync`` and that
+    registers move between the warpgroups (``setmaxnreg``)."""
+    compiled = op._sparse_mla_sm90.compile_for_sm90(kernel, d_qk, **tuning)
     assert compiled.metadata.shared <= 227 * 1024
     ptx = compiled.asm["ptx"]
-    assert "mma.sync" not in ptx and "setmaxnreg" in ptx  # no fallback; registers move
+    assert "mma.sync" not in ptx and "setmaxnreg" in ptx
     return ptx
+
+
+def _wgmma(ptx: str) -> collections.Counter:
+    """How many ``wgmma`` instructions of each shape and type the PTX has."""
+    return collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)", ptx))
+
+
+# Every wgmma of each build, pinned at what Triton 3.6 (the build measured on the GPU) compiles;
+# every later Triton must compile the same products. Shared S, per consumer: Q·Kᵀ of its 32 rows
+# of a block is d_qk / 32 m64n32k32 (the consumers share one S), P·V over all 64 rows 64 / 16
+# m64n256k16 in fp16. Block pair, per consumer: Q·Kᵀ of a whole block is d_qk / 32 m64n64k32,
+# written out twice (the peeled first pair and the loop); P·V two m64n256k32 (k = 64 rows) at
+# four places (the first and second P·V, each peeled and in the loop); both in FP8.
+WGMMA = {("shared_s", 576): {"m64n32k32.f32.e4m3.e4m3": 36, "m64n256k16.f32.f16.f16": 8},
+         ("shared_s", 512): {"m64n32k32.f32.e4m3.e4m3": 32, "m64n256k16.f32.f16.f16": 8},
+         ("block_pair", 576): {"m64n64k32.f32.e4m3.e4m3": 72, "m64n256k32.f32.e4m3.e4m3": 16},
+         ("block_pair", 512): {"m64n64k32.f32.e4m3.e4m3": 64, "m64n256k32.f32.e4m3.e4m3": 16}}
 
 
 @pytest.mark.skipif(op._sparse_mla_sm90 is None, reason="this Triton has no Gluon")
@@ -614,16 +622,9 @@ def _sm90_ptx(module, kernel, d_qk: int, **tuning):
 def test_gluon_kernel_builds_for_sm90_with_wgmma_for_both_products(d_qk):
     """Without a GPU: the shared-S kernel compiles for sm_90 (a Gluon API change
     would fail here first), both products are wgmma (Q·Kᵀ FP8, P·V fp16; no mma.sync
-    fallback), S is shared between the consumers, registers move with setmaxnreg, and shared
-    memory fits the H200's 227 KiB."""
-    from strictops.ops import _sparse_mla_gluon as ws
-
-    ptx = _sm90_ptx(ws, ws.sparse_mla_ws_kernel, d_qk)
-    # Per consumer: Q·Kᵀ of its 32 rows of the block is d_qk / 32 m64n32k32 instructions
-    # (the two consumers share one S), P·V over all 64 rows 64 / 16 m64n256k16 ones.
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3") == 2 * d_qk // 32
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16") == 2 * 4
-    assert "wgmma.mma_async.sync.aligned.m64n64k32" not in ptx  # no consumer computes all of S
+    fallback), exactly as many as on Triton 3.6, S is shared between the consumers, registers
+    move with setmaxnreg, and shared memory fits the H200's 227 KiB."""
+    assert _wgmma(_sm90_ptx("shared_s", d_qk)) == WGMMA["shared_s", d_qk]
 
 
 @pytest.mark.skipif(op._sparse_mla_sm90 is None, reason="this Triton has no Gluon")
@@ -634,18 +635,14 @@ def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tu
     """Without a GPU: the block-pair kernel (the op's default on sm_90; see
     ``benchmarks/experiments/sparse_mla_hopper.py``) compiles for sm_90 with either V
     transpose by either method, and one CTA a tile, both products are FP8 wgmma (no fp16 P·V),
-    each consumer computes the whole S of its own blocks, and the ``vt_ldsm`` transpose is
-    ``ldmatrix.trans`` and ``stmatrix`` with two ``prmt`` per pair of 32-bit words."""
+    exactly as many as on Triton 3.6, each consumer computes the whole S of its own blocks,
+    and the ``vt_ldsm`` transpose is ``ldmatrix.trans`` and ``stmatrix`` with two ``prmt`` per
+    pair of 32-bit words."""
     from strictops.ops import _sparse_mla_hopper as hopper
 
     tr_cons, vt_ldsm = tuning.get("tr_cons", True), tuning.get("vt_ldsm", True)
-    ptx = _sm90_ptx(hopper, hopper.sparse_mla_hopper_kernel, d_qk, **tuning)
-    # Per consumer, Q·Kᵀ of a whole 64-row block is d_qk / 32 m64n64k32 instructions, written
-    # out twice (the peeled first pair and the loop); P·V is two m64n256k32 instructions
-    # (k = 64 rows), at four places (the first and second P·V, each peeled and in the loop).
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") == 4 * d_qk // 32
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3") == 2 * 4 * 2
-    assert "f16.f16" not in ptx
+    ptx = _sm90_ptx("block_pair", d_qk, **tuning)
+    assert _wgmma(ptx) == WGMMA["block_pair", d_qk]
     # A warpgroup moves 16 KiB (64 rows x 256 columns) in 8 x4 instructions; the consumers
     # transpose two such halves per pair at two places each (peeled and in the loop), the
     # producer both halves of a block at one; each P store is 2 stmatrix per consumer and place.
@@ -658,6 +655,119 @@ def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tu
         assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == (
             transposes + 2 * 2 * 2 + o_stores)
         assert ptx.count("prmt.b32") == ptx.count("0x6420") + ptx.count("0x7531") == 4 * ldsm_t
+
+
+# Where the Gluon kernel does not build: its first compile is made to fail (the compat name
+# the block-pair kernel calls resolves to nothing, as ``thread_barrier`` did from Triton 3.7 on),
+# without a GPU: CPU tensors, the contract stood in for (its own tests cover it), the Gluon
+# launches stood in for by what a real first launch does before it launches (an sm_90 compile),
+# the Triton kernel run by the interpreter.
+
+
+def _missing_barrier(**builtin_arguments):
+    raise AttributeError("module 'triton.experimental.gluon.language' has no attribute "
+                         "'thread_barrier'")
+
+
+_missing_barrier.__triton_builtin__ = True  # called by the kernel like Gluon's own builtins
+
+
+@pytest.fixture
+def sm90_on_cpu(monkeypatch):
+    """The op's sm_90 paths on CPU tensors (see above), the block-pair kernel's build made to
+    fail; returns a stand-in for the op's cached Triton launcher (``(grid, args, options,
+    device)``) that runs the kernel in the interpreter."""
+    ws = op._sparse_mla_sm90
+    if ws is None:
+        pytest.skip("this Triton has no Gluon")
+    from triton import knobs
+    from strictops.ops import _sparse_mla_hopper as hopper
+
+    monkeypatch.setattr(ws, "UNBUILDABLE", None)
+    monkeypatch.setattr(ws, "KERNEL", "block_pair")
+    monkeypatch.setattr(op, "KERNEL", "auto")
+    monkeypatch.setattr(hopper, "thread_barrier", _missing_barrier)
+    monkeypatch.setattr(knobs.compilation, "always_compile", True)  # no cached build
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(op, "_is_sm90", lambda index: True)
+    monkeypatch.setattr(op, "_VALIDATION", lambda *args: None)
+    monkeypatch.setattr(op.contract, "validate", lambda *args: None)
+    monkeypatch.setattr(op, "on_device_of", lambda *args: contextlib.nullcontext())
+    monkeypatch.setattr(ws, "on_device_of", lambda *args: contextlib.nullcontext())
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 132)
+
+    def gluon_launch(*args, **tuning):  # raises where the kernel does not build
+        ws.compile_for_sm90(ws.KERNEL, 576)
+
+    monkeypatch.setattr(ws, "launch", gluon_launch)
+    monkeypatch.setattr(ws, "_LAUNCHERS", dict.fromkeys(ws.KERNELS, gluon_launch))
+    params = op._sparse_mla_prefill_kernel.params
+
+    def interpreting(grid, args, options, device):
+        with interpreted(op._sparse_mla_prefill_kernel) as kernel:
+            kernel[grid](*(a for a, p in zip(args, params) if not p.is_constexpr),
+                         **{p.name: a for a, p in zip(args, params) if p.is_constexpr},
+                         **dict(options))
+
+    return interpreting
+
+
+def _fallback_call() -> dict:
+    dims = contract.Dims(s_q=4, s_kv=200, h_q=64, d_qk=576, topk=128, with_topk_length=True,
+                         with_attn_sink=True, with_buffers=True, with_errors=True, device="cpu")
+    return op.random_inputs(dims, torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("first", ["eager", "dispatcher", "traced op"])
+def test_a_gluon_kernel_that_does_not_build_falls_back_to_the_triton_kernel(sm90_on_cpu,
+                                                                          monkeypatch, first):
+    """Whichever path meets the failed build first (the eager path, the op through the
+    dispatcher, the opaque launch op of a traced call): one ``GluonBuildWarning`` naming the
+    reason, no exception, the Triton kernel's result (within ``REL_L2_BOUND`` of float64,
+    every element written); from then on every path takes the Triton kernel without trying
+    the Gluon one again, and the eager plans' guards see the change."""
+    ws = op._sparse_mla_sm90
+    registered = []
+    monkeypatch.setattr(op, "_LAUNCHER", sm90_on_cpu)
+    monkeypatch.setattr(op, "_HOST", types.SimpleNamespace(
+        register=lambda *args: registered.append(args)))
+
+    def eager(a):
+        op._eager(*(a[k] for k in contract.ARGUMENTS))
+
+    def dispatcher(a):
+        with interpreted(op._sparse_mla_prefill_kernel) as kernel:
+            op._forward(kernel, True, *(a[k] for k in contract.ARGUMENTS))
+
+    def traced_op(a):
+        with interpreted(op._sparse_mla_prefill_kernel) as kernel, monkeypatch.context() as m:
+            m.setattr(op, "_sparse_mla_prefill_kernel", kernel)
+            torch.ops.strictops_kernels.sparse_mla_ws_launch(
+                *(a[k] for k in contract.ARGUMENTS if k != "d_v"))
+
+    paths = {"eager": eager, "dispatcher": dispatcher, "traced op": traced_op}
+    q = _fallback_call()["q"]
+    assert op.warp_specialized(q, real=True)
+    for name in (first, *(p for p in paths if p != first)):
+        args = _fallback_call()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            paths[name](args)
+        built = [str(w.message) for w in caught if w.category is ws.GluonBuildWarning]
+        assert len(built) == (name == first), (name, built)
+        assert all(ws.UNBUILDABLE in message for message in built)
+        expected = op.reference(**_inputs(args))
+        outputs = (args["out"], args["max_logits"], args["lse"])
+        passed, detail = op.compare_to_reference(outputs, expected, op.REL_L2_BOUND,
+                                                 op.LOGIT_TOL)
+        assert passed, f"{name}: {detail}"
+    assert ws.UNBUILDABLE == ("CompilationError: module 'triton.experimental.gluon.language' "
+                              "has no attribute 'thread_barrier'")  # the innermost error's
+    assert not op.warp_specialized(q, real=True) and not op.warp_specialized(q)
+    (plan,) = registered  # the eager call's: the Triton launch, guarded on the failed build
+    assert plan[1] is sm90_on_cpu and (vars(ws), "UNBUILDABLE") in plan[-1]
+    assert op.kernel_choice(torch.device("cpu")) == (
+        "triton", f"the Gluon kernel does not build on this Triton: {ws.UNBUILDABLE}")
 
 
 def test_hopper_vt_transpose_index_algebra():
