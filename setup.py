@@ -1,5 +1,5 @@
-"""The build's one compiled part: ``strictops.ops._host_plans``, the C++ eager fast path
-(``ops/_runtime/host_plans/``; ``strictops.ops._host_path`` says what it does).
+"""The build's one compiled part: ``strictops.ops._runtime._host_plans``, the C++ eager fast path
+(``ops/_runtime/host_plans/``; ``strictops.ops._runtime.host_path`` says what it does).
 
 It is built against the torch of the build environment, so install without build isolation
 (``pip install --no-build-isolation .``). Without torch in the build environment, with
@@ -25,7 +25,7 @@ def _host_extension():
     sources = "ops/_runtime/host_plans"
     extension = CppExtension(
         # One translation unit: module.cpp includes the other files (see its head).
-        "strictops.ops._host_plans", [f"{sources}/module.cpp"],
+        "strictops.ops._runtime._host_plans", [f"{sources}/module.cpp"],
         include_dirs=[sources, cuda_headers],
         depends=sorted(glob.glob(f"{sources}/*.h") + glob.glob(f"{sources}/*.cpp")),
         extra_compile_args=["-O2"], libraries=["dl"], optional=True)

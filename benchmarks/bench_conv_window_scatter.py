@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from strictops.ops import conv_window_scatter as m
+from strictops.ops.mamba import conv_window_scatter as m
 from strictops.ops import fused_conv_window_scatter_with_mask
 
 from _harness import (

@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from strictops.ops import conv_window_scatter_multi as m
+from strictops.ops.mamba import conv_window_scatter_multi as m
 from strictops.ops import fused_conv_window_scatter_multi
 
 from _harness import Report, arg_parser, copy_bandwidth_bytes_per_us, parse_args

@@ -29,15 +29,15 @@ from pathlib import Path
 
 import torch
 
-from strictops.meta import sparse_mla_prefill as smp
-from strictops.meta.transport_pool import data_start
+from strictops.meta.sparse_mla import prefill as smp
+from strictops.meta.transport.pool import data_start
 from strictops.ops import (
     TransportPool,
     fused_mamba_state_scatter_with_mask,
     sparse_mla_q8kv8_prefill_fwd,
 )
-from strictops.ops import _host_path
-from strictops.ops import sparse_mla_prefill as sparse
+from strictops.ops._runtime import host_path as _host_path
+from strictops.ops.sparse_mla import prefill as sparse
 
 from _harness import (Report, anchor_module, arg_parser, grouped_bars, median_us,
                       parse_args, wall_us)
@@ -180,7 +180,7 @@ def main() -> None:
     report.ceilings["trivial_op_wall_us"] = wall_us(lambda: one.add_(1), CALLS, ROUNDS)[0]
     report.ceilings["trivial_op_host_us"] = host_us(lambda: one.add_(1))
     report.ceilings["originals"] = originals is not None
-    # Whether this installation has the C++ eager path (strictops.ops._host_path): without
+    # Whether this installation has the C++ eager path (strictops.ops._runtime.host_path): without
     # it, every call below takes the Python path.
     report.ceilings["cxx_eager_path"] = _host_path.available()
     # Sparse MLA last: the CUTLASS original's first build takes minutes; the results so far are

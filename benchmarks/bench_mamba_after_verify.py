@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from strictops.ops import mamba_after_verify as m
-from strictops.ops import mamba_state_scatter as mss
+from strictops.ops.mamba import after_verify as m
+from strictops.ops.mamba import state_scatter as mss
 from strictops.ops import scatter_mamba_states_after_mtp_verify
-from strictops.ops.conv_window_scatter import window_view
-from strictops.ops.mamba_after_verify import MambaCaches
+from strictops.ops.mamba.conv_window_scatter import window_view
+from strictops.ops.mamba.after_verify import MambaCaches
 
 from _harness import (
     anchor_module,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from strictops.ops import fused_commit_track_indices
-from strictops.ops import mamba_commit_indices as m
+from strictops.ops.mamba import commit_indices as m
 
 from _harness import (
     Report,

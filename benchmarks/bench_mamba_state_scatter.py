@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from strictops.ops import fused_mamba_state_scatter_with_mask
-from strictops.ops import mamba_state_scatter as m
+from strictops.ops.mamba import state_scatter as m
 
 from _harness import (
     Report,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from strictops.ops import mamba_track_states as m
+from strictops.ops.mamba import track_states as m
 from strictops.ops import track_mamba_states_all_layers
 
 from _harness import (

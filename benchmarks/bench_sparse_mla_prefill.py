@@ -3,7 +3,7 @@
 For each shape ``(s_q, s_kv, h_q, d_qk, topk)``, indices uniform in ``[0, s_kv)``, one row:
 
 - ``ours_tflops``: the op's default (on an sm_90 GPU the block-pair Gluon kernel of
-  ``strictops.ops._sparse_mla_hopper``), eager, ``do_bench`` median with the L2 flushed,
+  ``strictops.ops.sparse_mla.gluon_block_pair``), eager, ``do_bench`` median with the L2 flushed,
   counting ``2 * s_q * h_q * topk * (d_qk + 512)``;
 - ``original_tflops``: sglang's CUTLASS ``sparse_mla_q8kv8_prefill_sm90`` on the same inputs in
   the same process, when ``.anchor`` (built by the anchor setup) is importable; else null;
@@ -14,7 +14,7 @@ For each shape ``(s_q, s_kv, h_q, d_qk, topk)``, indices uniform in ``[0, s_kv)`
 - ``rel_err_full_range`` (first shape only): the same on full-range FP8 (per-tensor scales
   with amax -> 448, logits of standard deviation 5);
 - the plain Triton kernel's TFLOPS; on sm_90 also the shared-S kernel of
-  ``strictops.ops._sparse_mla_gluon`` (fp16 P·V, not the default: see
+  ``strictops.ops.sparse_mla.gluon_shared_s`` (fp16 P·V, not the default: see
   ``docs/design/sparse_mla_prefill.md``); the default kernel's registers, spills and MMA
   instructions.
 
@@ -30,8 +30,8 @@ import re
 
 import torch
 
-from strictops.meta import sparse_mla_prefill as contract
-from strictops.ops import sparse_mla_prefill as m
+from strictops.meta.sparse_mla import prefill as contract
+from strictops.ops.sparse_mla import prefill as m
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
 from _harness import (Report, anchor_module, arg_parser, fp8_gemm_tflops, grouped_bars,
@@ -74,7 +74,7 @@ def _shared_s_launch():
     """The shared-S kernel's launch, or None (no Gluon, or not an sm_90 GPU)."""
     if m._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
         return None
-    from strictops.ops import _sparse_mla_gluon
+    from strictops.ops.sparse_mla import gluon_shared_s as _sparse_mla_gluon
     return _sparse_mla_gluon.launch
 
 

@@ -40,10 +40,10 @@ import statistics
 import torch
 import torch.multiprocessing as mp
 
-from strictops.meta.transport_pool import data_start
+from strictops.meta.transport.pool import data_start
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
-from strictops.ops import _cuda_stream
-from strictops.ops import transport_pool as m
+from strictops.ops.transport import cuda_stream as _cuda_stream
+from strictops.ops.transport import pool as m
 
 from _harness import (
     Report,

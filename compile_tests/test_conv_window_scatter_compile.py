@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from strictops.meta import conv_window_scatter as contract
+from strictops.meta.mamba import conv_window_scatter as contract
 from strictops.meta.testing import (
     aot_op_graph,
     assert_rule_fails_at_trace_time,
@@ -27,7 +27,7 @@ from strictops.meta.testing import (
     kernel_launches,
     written_arguments,
 )
-from strictops.ops import conv_window_scatter as op
+from strictops.ops.mamba import conv_window_scatter as op
 from strictops.ops import fused_conv_window_scatter_with_mask
 
 OP = torch.ops.strictops.fused_conv_window_scatter_with_mask.default

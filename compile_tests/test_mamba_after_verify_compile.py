@@ -15,19 +15,19 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from strictops.meta import conv_window_scatter as conv_contract
+from strictops.meta.mamba import conv_window_scatter as conv_contract
 from strictops.meta._specs import TensorSpec
 from strictops.meta.testing import build, capture_cuda_graph, dynamo_error_text, fake_mode, gpu
-from strictops.ops.conv_window_scatter import window_view
-from strictops.ops.mamba_after_verify import MambaCaches
+from strictops.ops.mamba.conv_window_scatter import window_view
+from strictops.ops.mamba.after_verify import MambaCaches
 from strictops.ops import (
     fused_commit_track_indices,
-    mamba_after_verify,
-    mamba_commit_indices,
-    mamba_track_states,
     scatter_mamba_states_after_mtp_verify,
     track_mamba_states_all_layers,
 )
+from strictops.ops.mamba import after_verify as mamba_after_verify
+from strictops.ops.mamba import commit_indices as mamba_commit_indices
+from strictops.ops.mamba import track_states as mamba_track_states
 
 # Fixed model sizes (pairwise distinct, none equal to a batch size below).
 LAYERS, CACHE, DRAFT, SSM_STATE, CONV_TYPES, INTERVAL = 3, 40, 4, (5, 6), [(11, 2), (17, 5)], 8

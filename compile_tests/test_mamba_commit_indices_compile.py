@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from strictops.meta import mamba_commit_indices as contract
+from strictops.meta.mamba import commit_indices as contract
 from strictops.meta.testing import (
     aot_op_graph,
     assert_rule_fails_at_trace_time,
@@ -26,7 +26,7 @@ from strictops.meta.testing import (
     kernel_launches,
 )
 from strictops.ops import fused_commit_track_indices
-from strictops.ops import mamba_commit_indices as op
+from strictops.ops.mamba import commit_indices as op
 
 OP = torch.ops.strictops.fused_commit_track_indices.default
 

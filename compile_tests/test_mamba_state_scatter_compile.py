@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from strictops.meta import mamba_state_scatter as contract
+from strictops.meta.mamba import state_scatter as contract
 from strictops.meta.testing import (
     HAS_CUDA,
     HAS_TWO_GPUS,
@@ -31,7 +31,7 @@ from strictops.meta.testing import (
     written_arguments,
 )
 from strictops.ops import fused_mamba_state_scatter_with_mask
-from strictops.ops import mamba_state_scatter as op
+from strictops.ops.mamba import state_scatter as op
 
 OP = torch.ops.strictops.fused_mamba_state_scatter_with_mask.default
 

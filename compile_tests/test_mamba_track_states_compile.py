@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from strictops.meta import mamba_track_states as contract
+from strictops.meta.mamba import track_states as contract
 from strictops.meta.testing import (
     aot_op_graph,
     assert_rule_fails_at_trace_time,
@@ -26,7 +26,7 @@ from strictops.meta.testing import (
     kernel_launches,
 )
 from strictops.ops import track_mamba_states_all_layers, track_mamba_states_if_needed
-from strictops.ops import mamba_track_states as op
+from strictops.ops.mamba import track_states as op
 
 OP = torch.ops.strictops.track_mamba_states_all_layers.default
 

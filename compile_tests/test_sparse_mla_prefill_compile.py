@@ -24,7 +24,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from strictops.meta import sparse_mla_prefill as contract
+from strictops.meta.sparse_mla import prefill as contract
 from strictops.meta._specs import TensorSpec
 from strictops.meta.testing import (
     CAN_NAME_SECOND_GPU,
@@ -39,7 +39,7 @@ from strictops.meta.testing import (
     gpu,
     kernel_launches,
 )
-from strictops.ops import sparse_mla_prefill as op
+from strictops.ops.sparse_mla import prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
 OP = torch.ops.strictops.sparse_mla_q8kv8_prefill_fwd.default

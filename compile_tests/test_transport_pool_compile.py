@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from strictops.meta import transport_pool as contract
+from strictops.meta.transport import pool as contract
 from strictops.meta.testing import (
     aot_op_graph,
     assert_rule_fails_at_trace_time,
@@ -30,7 +30,7 @@ from strictops.meta.testing import (
     kernel_launches,
 )
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
-from strictops.ops import transport_pool as op
+from strictops.ops.transport import pool as op
 
 OP = torch.ops.strictops.copy_and_publish.default
 SLOTS, CONSUMERS = 11, 3

@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
-from ._specs import TensorSpec, build_value
+from strictops.meta._specs import TensorSpec, build_value
 
 
 @contextlib.contextmanager
@@ -81,7 +81,7 @@ class Call:
     rule:
         ``None`` for a valid call; otherwise the one contract rule this call breaks.
     contract_module:
-        The op's contract module, ``strictops.meta.<stem>``: its ``CONTRACT``, its
+        The op's contract module, ``strictops.meta.<family>.<module>``: its ``CONTRACT``, its
         ``NEAR_MISSES`` and, optionally, ``KEYWORD_ONLY`` (the public function's keyword-only
         arguments).
     """
@@ -89,7 +89,7 @@ class Call:
     op: str
     spec: Mapping[str, Any]
     rule: str | None
-    contract_module: ModuleType  # strictops.meta.<stem>, also the source of near misses
+    contract_module: ModuleType  # strictops.meta.<family>.<module>, also the source of near misses
 
     @property
     def contract(self):

@@ -179,7 +179,7 @@ class Check:
         Pairs of argument names: the row is exactly "no two tensors of a pair share a byte"
         (:func:`disjoint`; ``None`` shares nothing). Built by :func:`disjoint_check`, whose
         predicate is made from the pairs, so the rule has one definition; the C++ eager path
-        (``strictops.ops._host_path``) runs such a row from its pairs.
+        (``strictops.ops._runtime.host_path``) runs such a row from its pairs.
     inside:
         None, or a function of the arguments' namespace that returns tensors: the row is
         exactly "each of them lies inside its storage" (:func:`inside_storage`). Built by
@@ -265,19 +265,24 @@ class Contract:
     op:
         Qualified op name, ``"strictops::<name>"``.
     stem:
-        File stem shared by the op's modules (``ops/<stem>.py``, ``meta/<stem>.py``,
-        ``tests/test_<stem>.py``, ``compile_tests/test_<stem>_compile.py``,
-        ``benchmarks/bench_<stem>.py``).
+        The op's name in the flat folders (``tests/test_<stem>.py``,
+        ``compile_tests/test_<stem>_compile.py``, ``benchmarks/bench_<stem>.py``,
+        ``meta/strategies/<stem>.py``, ``docs/design/<stem>.md``).
     checks:
         The rules, in the order they are checked.
     mutates:
         Names of the arguments the op writes in place (declared in its schema).
+    module:
+        The op's module in its family folder, the same under ``ops/`` and ``meta/``
+        (``"mamba.state_scatter"``: ``strictops.ops.mamba.state_scatter`` and
+        ``strictops.meta.mamba.state_scatter``).
     """
 
     op: str
     stem: str
     checks: tuple[Check, ...]
     mutates: tuple[str, ...] = ()
+    module: str = ""
 
     def __post_init__(self) -> None:
         rules = [c.rule for c in self.checks]

@@ -15,9 +15,9 @@ import subprocess
 import pytest
 import torch
 
-from . import sparse_mla_prefill as smp
-from ._specs import build, buildable_here
-from ._calls import Call, build_symbolic, error_chain, failures, fake_mode
+from strictops.meta.sparse_mla import prefill as smp
+from strictops.meta._specs import build, buildable_here
+from strictops.meta._calls import Call, build_symbolic, error_chain, failures, fake_mode
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TWO_GPUS = HAS_CUDA and torch.cuda.device_count() >= 2
@@ -29,6 +29,33 @@ SPARSE_MLA_SECOND_GPU_RULES = frozenset(r for r in smp.CONTRACT.rules if r.endsw
 # The sparse MLA rules that read tensor values: they run on real tensors in eager mode only,
 # never on fake ones, so a fake or traced near miss of them raises nothing.
 SPARSE_MLA_VALUE_RULES = frozenset(c.rule for c in smp.CONTRACT.checks if c.reads_values)
+
+
+# Hypothesis profiles, chosen by STRICTOPS_HYPOTHESIS (tests/conftest.py and
+# compile_tests/conftest.py load it before any test module is imported):
+# - "ci", the default: derandomized (a fixed seed: a failure repeats on every run), no example
+#   database, and each property test's examples scaled to 0.4 of its nominal count
+#   (:func:`examples`): the CPU suite's size;
+# - "thorough" (.ci/gpu, and developers before a change lands): random seeds, 4 times the
+#   nominal count.
+PROFILE = os.environ.get("STRICTOPS_HYPOTHESIS", "ci")
+_SCALE = {"ci": 0.4, "thorough": 4.0}
+
+
+def load_hypothesis_profile() -> None:
+    """Register both profiles and load :data:`PROFILE`."""
+    from hypothesis import settings
+    settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+    settings.register_profile("thorough", deadline=None)
+    if PROFILE not in _SCALE:
+        raise ValueError(f"STRICTOPS_HYPOTHESIS={PROFILE!r}: expected one of {sorted(_SCALE)}")
+    settings.load_profile(PROFILE)
+
+
+def examples(nominal: int) -> int:
+    """A property test's example count under the loaded profile: ``nominal`` scaled (at least
+    3)."""
+    return max(3, round(nominal * _SCALE[PROFILE]))
 
 
 def gpu(fn):
@@ -229,7 +256,7 @@ __all__ = [
 def anchor_module(name: str):
     """The module ``name`` of the repository root's ``.anchor`` folder; the calling test is
     skipped when the folder or the module is absent."""
-    from . import _anchor
+    from strictops.meta import _anchor
 
     module = _anchor.load(name)
     if module is None:

@@ -35,7 +35,8 @@ from triton.runtime.jit import JITFunction
 from strictops.meta import CONTRACTS
 from strictops.meta._calls import Call, failures, fake_mode
 from strictops.meta._specs import TensorSpec, build_value, buildable_here
-from strictops.ops import OP_MODULES, _host_path
+from strictops.ops import OP_MODULES
+from strictops.ops._runtime import host_path as _host_path
 
 SEED = 0
 # Fake tensors may name a CUDA device even in a CPU-only build of torch.

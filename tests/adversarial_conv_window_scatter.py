@@ -20,8 +20,8 @@ got without a sanitizer error.
 
 import torch
 
-from strictops.ops import conv_window_scatter as one
-from strictops.ops import conv_window_scatter_multi as multi
+from strictops.ops.mamba import conv_window_scatter as one
+from strictops.ops.mamba import conv_window_scatter_multi as multi
 from strictops.ops import fused_conv_window_scatter_multi, fused_conv_window_scatter_with_mask
 
 I32_MAX, I32_MIN = 2**31 - 1, -(2**31)
@@ -112,7 +112,7 @@ def _variants(gen) -> int:
     return cases
 
 
-# Tunings other than the default (ops/conv_window_scatter.py TUNING): one layer a program,
+# Tunings other than the default (ops/mamba/conv_window_scatter.py TUNING): one layer a program,
 # 8-byte runs streaming, 4-byte runs, the shared-memory exchange, 4 KiB runs of four layers by
 # 8 warps, the int64 path.
 TUNINGS = [{"layers": 1}, {"run_bytes": 8, "stream": True}, {"run_bytes": 4}, {"run_bytes": 0},

@@ -12,7 +12,7 @@ call must equal the reference, and the sanitizer must report no out-of-bounds ac
 import torch
 
 from strictops.ops import fused_commit_track_indices
-from strictops.ops import mamba_commit_indices as op
+from strictops.ops.mamba import commit_indices as op
 
 EXTREMES = [-1, 0, -(2**31), 2**31 - 1, -(2**63), 2**63 - 1]
 

@@ -16,7 +16,7 @@ Every call runs with each kernel (``op.PATHS``).
 import torch
 
 from strictops.ops import fused_mamba_state_scatter_with_mask
-from strictops.ops import mamba_state_scatter as op
+from strictops.ops.mamba import state_scatter as op
 
 I32_MAX, I32_MIN = 2**31 - 1, -(2**31)
 

@@ -15,7 +15,7 @@ out-of-bounds access.
 
 import torch
 
-from strictops.ops import mamba_track_states as op
+from strictops.ops.mamba import track_states as op
 from strictops.ops import track_mamba_states_all_layers, track_mamba_states_if_needed
 
 I32_MAX, I32_MIN = 2**31 - 1, -(2**31)

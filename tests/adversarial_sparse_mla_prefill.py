@@ -20,9 +20,9 @@ import sys
 
 import torch
 
-from strictops.meta import sparse_mla_prefill as contract
+from strictops.meta.sparse_mla import prefill as contract
 from strictops.meta.testing import capture_cuda_graph
-from strictops.ops import sparse_mla_prefill as op
+from strictops.ops.sparse_mla import prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
 I32_MAX, I32_MIN = 2**31 - 1, -(2**31)

@@ -26,9 +26,9 @@ sanitizer reports.
 
 import torch
 
-from strictops.meta.transport_pool import Lease, data_start, slot_bytes
+from strictops.meta.transport.pool import Lease, data_start, slot_bytes
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
-from strictops.ops import transport_pool as op
+from strictops.ops.transport import pool as op
 
 
 def _publish_and_check(pool, src, lease, slots, consumers, as_tensor: bool,

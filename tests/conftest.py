@@ -2,7 +2,9 @@
 
 import pytest
 
-from strictops.meta.testing import anchor_module
+from strictops.meta.testing import anchor_module, load_hypothesis_profile
+
+load_hypothesis_profile()
 
 
 @pytest.fixture
@@ -14,10 +16,10 @@ def sglang_mamba():
 
 @pytest.fixture
 def host_recorder():
-    """The C++ eager path (strictops.ops._host_path) with its launches recorded, not made: the
+    """The C++ eager path (strictops.ops._runtime.host_path) with its launches recorded, not made: the
     list each launch is appended to (function, grid, threads, shared memory, num_ctas, PDL,
     cooperative, stream, packed parameters, their offsets)."""
-    from strictops.ops import _host_path
+    from strictops.ops._runtime import host_path as _host_path
     launches = []
     _host_path.configure(recorder=lambda *launch: launches.append(launch))
     try:

@@ -69,9 +69,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 
-from strictops.meta import sparse_mla_prefill as sparse_contract
+from strictops.meta.sparse_mla import prefill as sparse_contract
 from strictops.meta.testing import error_chain
-from strictops.meta.transport_pool import DATA_ALIGNMENT, align_up, data_start
+from strictops.meta.transport.pool import DATA_ALIGNMENT, align_up, data_start
 from strictops.ops import (
     Lease,
     TransportConsumer,
@@ -80,8 +80,8 @@ from strictops.ops import (
     fused_mamba_state_scatter_with_mask,
     sparse_mla_q8kv8_prefill_fwd,
 )
-from strictops.ops import mamba_state_scatter as mamba_op
-from strictops.ops import sparse_mla_prefill as sparse_op
+from strictops.ops.mamba import state_scatter as mamba_op
+from strictops.ops.sparse_mla import prefill as sparse_op
 
 WORLD = 2
 STEPS = 4  # cudagraph trees: warm-up, record (+ one replay), then plain replays

@@ -46,9 +46,10 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
-from strictops.meta.transport_pool import data_start
-from strictops.ops import TransportConsumer, TransportPool, _cuda_stream
-from strictops.ops import transport_pool as op
+from strictops.meta.transport.pool import data_start
+from strictops.ops import TransportConsumer, TransportPool
+from strictops.ops.transport import cuda_stream as _cuda_stream
+from strictops.ops.transport import pool as op
 
 LIMIT_S = float(os.environ.get("STRICTOPS_FAULTS_LIMIT_S", 120))
 TIMEOUT_S = 2.0

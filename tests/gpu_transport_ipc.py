@@ -45,9 +45,9 @@ import torch
 import torch.multiprocessing as mp
 
 from strictops.meta.testing import capture_cuda_graph
-from strictops.meta.transport_pool import data_start
+from strictops.meta.transport.pool import data_start
 from strictops.ops import TransportConsumer, TransportPool
-from strictops.ops import transport_pool as op
+from strictops.ops.transport import pool as op
 
 DTYPES = [torch.uint8, torch.bool, torch.int16, torch.float16, torch.bfloat16, torch.float32,
           torch.int64, torch.float64]

@@ -17,15 +17,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from strictops.meta import mamba_state_scatter as mss
-from strictops.meta import sparse_mla_prefill as smp
+from strictops.meta.mamba import state_scatter as mss
+from strictops.meta.sparse_mla import prefill as smp
 from strictops.meta import strategies
 from strictops.meta._calls import Call
 from strictops.meta._contract import CachedValidation, Check, Contract
 from strictops.meta._specs import TensorSpec, build, buildable_here
-from strictops.meta.testing import CAN_NAME_SECOND_GPU, fake_mode
+from strictops.meta.testing import examples, CAN_NAME_SECOND_GPU, fake_mode
 
-SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 OTHER_DTYPES = (torch.float32, torch.int32, torch.int64, torch.bfloat16, torch.uint8,
                 torch.float8_e4m3fn)
 

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, find, given, settings
 
 import strictops.ops
 from strictops.meta import CONTRACTS, strategies
+from strictops.meta.testing import examples
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -52,7 +53,7 @@ def test_built_calls_bind_to_the_public_signature_in_order(op):
     signature = inspect.signature(_public(op))
     order = list(signature.parameters)
 
-    @settings(SETTINGS, max_examples=5)
+    @settings(SETTINGS, max_examples=examples(5))
     @given(call=strategies.calls(op))
     def check(call):
         assert list(call.spec) == [n for n in order if n in call.spec]
@@ -66,7 +67,7 @@ def test_built_calls_bind_to_the_public_signature_in_order(op):
 
 @pytest.mark.parametrize("op", strategies.OPS)
 def test_near_misses_raise_the_rule_error_eager_and_fake(op):
-    @settings(SETTINGS, max_examples=60)
+    @settings(SETTINGS, max_examples=examples(60))
     @given(call=strategies.calls(op, valid=False))
     def check(call):
         assert call.rule is not None and not call.eager_only
@@ -77,7 +78,7 @@ def test_near_misses_raise_the_rule_error_eager_and_fake(op):
 
 @pytest.mark.parametrize("op", strategies.OPS)
 def test_near_misses_fail_while_tracing(op):
-    @settings(SETTINGS, max_examples=6)
+    @settings(SETTINGS, max_examples=examples(6))
     @given(call=strategies.calls(op, valid=False))
     def check(call):
         assert strategies.failures(_public(op), call) == []
@@ -87,7 +88,7 @@ def test_near_misses_fail_while_tracing(op):
 
 @pytest.mark.parametrize("op", strategies.OPS)
 def test_valid_calls_pass_and_trace_as_one_graph(op):
-    @settings(SETTINGS, max_examples=4)
+    @settings(SETTINGS, max_examples=examples(4))
     @given(call=strategies.calls(op))
     def check(call):
         assert call.rule is None
@@ -110,7 +111,7 @@ def test_value_rules_are_drawn_on_request(op, rule):
 def test_value_rules_pass_on_fake_tensors_and_trace(op, rule):
     """The near miss of a rule that reads values raises nothing on fake tensors, eager or
     traced, and traces as one graph: the rule never reads a fake tensor's values."""
-    @settings(SETTINGS, max_examples=4)
+    @settings(SETTINGS, max_examples=examples(4))
     @given(call=strategies.calls(op))
     def check(call):
         bad = call.near_miss(rule)

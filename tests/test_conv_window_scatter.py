@@ -17,10 +17,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strictops.meta import conv_window_scatter as contract
+from strictops.meta.mamba import conv_window_scatter as contract
 from strictops.meta import strategies
 from strictops.meta.strategies import conv_window_scatter as calls_of
-from strictops.meta.testing import (
+from strictops.meta.testing import (examples, 
     HAS_CUDA,
     HAS_TWO_GPUS,
     anchor_module,
@@ -29,7 +29,7 @@ from strictops.meta.testing import (
     near_miss_message,
     raised,
 )
-from strictops.ops import conv_window_scatter as op
+from strictops.ops.mamba import conv_window_scatter as op
 from strictops.ops import fused_conv_window_scatter_with_mask
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -128,7 +128,7 @@ def fill(dims: contract.Dims, values: dict, device: str, gen: torch.Generator) -
     return args
 
 
-@settings(SETTINGS, max_examples=120)
+@settings(SETTINGS, max_examples=examples(120))
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
     """Any index values (negative, out of range, near INT32_MAX, duplicate slots), any window
@@ -207,7 +207,7 @@ def test_duplicate_slots_last_valid_request_wins(reverse_programs):
 
 
 @gpu
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=examples(30))
 @given(data=st.data())
 def test_gpu_op_equals_reference(data):
     dims = data.draw(calls_of.dims(device="cuda"))
@@ -219,7 +219,7 @@ def test_gpu_op_equals_reference(data):
 
 
 @gpu
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=examples(30))
 @given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
 def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
     args, kwargs = call.build()

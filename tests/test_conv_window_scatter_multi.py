@@ -18,11 +18,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strictops.meta import conv_window_scatter_multi as contract
+from strictops.meta.mamba import conv_window_scatter_multi as contract
 from strictops.meta import strategies
 from strictops.meta.strategies import conv_window_scatter_multi as calls_of
 from strictops.meta.strategies.conv_window_scatter import DTYPES, TUNINGS
-from strictops.meta.testing import (
+from strictops.meta.testing import (examples, 
     CAN_NAME_SECOND_GPU,
     assert_every_rule_pinned,
     build,
@@ -31,8 +31,8 @@ from strictops.meta.testing import (
     near_miss_message,
     raised,
 )
-from strictops.ops import conv_window_scatter as one
-from strictops.ops import conv_window_scatter_multi as op
+from strictops.ops.mamba import conv_window_scatter as one
+from strictops.ops.mamba import conv_window_scatter_multi as op
 from strictops.ops import fused_conv_window_scatter_multi
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -134,7 +134,7 @@ class TestMessages(expecttest.TestCase):
         self.assertIn("Expected 1 to 8 (conv_states, conv_window) pairs, but got 0", str(err))
 
 
-@settings(SETTINGS, max_examples=25)
+@settings(SETTINGS, max_examples=examples(25))
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
     """Any index values, 1-3 pairs of mixed dims, widths and dtypes, one or two sets, any tile
@@ -194,7 +194,7 @@ def test_equals_the_one_pair_op_per_pair_and_set():
 
 
 @gpu
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=examples(30))
 @given(data=st.data())
 def test_gpu_op_equals_reference(data):
     dims = data.draw(calls_of.dims(device="cuda"))
@@ -207,7 +207,7 @@ def test_gpu_op_equals_reference(data):
 
 
 @gpu
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=examples(30))
 @given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
 def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
     args, kwargs = call.build()

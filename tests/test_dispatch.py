@@ -1,4 +1,4 @@
-"""When the public functions may skip the dispatcher (``strictops.ops._dispatch``)."""
+"""When the public functions may skip the dispatcher (``strictops.ops._runtime.dispatch``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from strictops.meta.testing import fake_mode
-from strictops.ops._dispatch import can_skip_dispatcher
+from strictops.ops._runtime.dispatch import can_skip_dispatcher
 
 
 def test_plain_tensors_in_plain_eager_skip_the_dispatcher():

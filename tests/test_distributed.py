@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from strictops.meta import sparse_mla_prefill as sparse_contract
+from strictops.meta.sparse_mla import prefill as sparse_contract
 from strictops.meta.testing import error_chain, fake_mode, multi_gpu, raised
 
 SCRIPT = Path(__file__).with_name("distributed_tp_step.py")

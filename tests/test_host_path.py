@@ -1,4 +1,4 @@
-"""The C++ eager path's plan cache (strictops.ops._host_path), on CPU.
+"""The C++ eager path's plan cache (strictops.ops._runtime.host_path), on CPU.
 
 A plan serves a call only where the call's key equals the planned one's, so the key must be at
 least as fine as everything a plan assumes: the contract's cached signature and the cached
@@ -20,10 +20,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from strictops.meta._contract import (CachedValidation, Check, Contract, disjoint, disjoint_check,
                                       inside_check, inside_storage)
 
-host_plans = pytest.importorskip("strictops.ops._host_plans",
+host_plans = pytest.importorskip("strictops.ops._runtime._host_plans",
                                  reason="built without the C++ eager path")
-from strictops.ops import _host_path  # noqa: E402
-from strictops.ops._host_path import MISS, HostPath  # noqa: E402
+from strictops.ops._runtime import host_path as _host_path  # noqa: E402
+from strictops.ops._runtime.host_path import MISS, HostPath  # noqa: E402
+from strictops.meta.testing import examples  # noqa: E402
 
 
 def _spec(pairs=(), result_kind=0, result=(), bump=(), guards=None):
@@ -233,7 +234,7 @@ def test_version_counters_and_results(host_recorder):
     assert cache(z, *args[1:]) is args[1]  # an inference tensor has no version counter
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 24), st.sampled_from(
     [torch.float32, torch.int16, torch.uint8])), min_size=2, max_size=2),
     st.booleans())
@@ -259,7 +260,7 @@ def test_disjoint_rows_give_the_contract_verdict(views, shared):
         _host_path.configure()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=3), st.data())
 def test_inside_rows_give_the_contract_verdict(sizes, data):
     """A view of random sizes (empty ones too), strides and offset whose storage may be shrunk
@@ -309,8 +310,8 @@ from strictops.meta.testing import gpu  # noqa: E402
 
 
 def _sparse_args(seed=1, **changes):
-    from strictops.meta import sparse_mla_prefill as smp
-    from strictops.ops import sparse_mla_prefill as sparse
+    from strictops.meta.sparse_mla import prefill as smp
+    from strictops.ops.sparse_mla import prefill as sparse
     dims = smp.Dims(s_q=5, s_kv=700, h_q=128, d_qk=576, topk=256, device="cuda")
     args = sparse.random_inputs(dims, torch.Generator(device="cuda").manual_seed(seed))
     for name in (*smp.BUFFERS, "topk_length_errors", "topk_length", "attn_sink"):
@@ -322,8 +323,8 @@ def _sparse_args(seed=1, **changes):
 @gpu
 @pytest.mark.parametrize("with_out", [False, True])
 def test_gpu_sparse_mla_plan_equals_python_path(with_out):
-    from strictops.meta import sparse_mla_prefill as smp
-    from strictops.ops import sparse_mla_prefill as sparse
+    from strictops.meta.sparse_mla import prefill as smp
+    from strictops.ops.sparse_mla import prefill as sparse
     args = _sparse_args()
     if with_out:
         args["out"] = torch.empty(5, 128, 512, dtype=torch.bfloat16, device="cuda")
@@ -344,7 +345,7 @@ def test_gpu_sparse_mla_plan_equals_python_path(with_out):
 
 @gpu
 def test_gpu_planned_signature_still_raises():
-    from strictops.ops import sparse_mla_prefill as sparse
+    from strictops.ops.sparse_mla import prefill as sparse
     args = _sparse_args()
     sparse.sparse_mla_q8kv8_prefill_fwd(**args)
     sparse.sparse_mla_q8kv8_prefill_fwd(**args)
@@ -367,7 +368,7 @@ def test_gpu_planned_signature_still_raises():
 
 @gpu
 def test_gpu_mamba_scatter_plan_equals_reference():
-    from strictops.ops import mamba_state_scatter as mss
+    from strictops.ops.mamba import state_scatter as mss
     g = torch.Generator(device="cuda").manual_seed(3)
     dst = torch.randn(3, 9, 4, 32, device="cuda", generator=g)
     src = torch.randn(3, 6, 4, 4, 32, device="cuda", generator=g)
@@ -390,7 +391,7 @@ def test_gpu_mamba_scatter_plan_equals_reference():
 
 @gpu
 def test_gpu_planned_call_captures_in_a_cuda_graph():
-    from strictops.ops import sparse_mla_prefill as sparse
+    from strictops.ops.sparse_mla import prefill as sparse
     args = _sparse_args()
     expected = [t.clone() for t in sparse.sparse_mla_q8kv8_prefill_fwd(**args)]
     sparse.sparse_mla_q8kv8_prefill_fwd(**args)
@@ -411,7 +412,7 @@ def test_gpu_planned_call_captures_in_a_cuda_graph():
 @gpu
 @pytest.mark.parametrize("track", [False, True])
 def test_gpu_commit_indices_plan_equals_reference(track):
-    from strictops.ops import mamba_commit_indices as mci
+    from strictops.ops.mamba import commit_indices as mci
     for seed in range(3):  # the Python path, then the plan, twice
         args = mci.example_inputs("cuda", False, torch.Generator().manual_seed(seed))
         if not track:

@@ -1,4 +1,4 @@
-"""The cached launcher (strictops.ops._launcher) against Triton's own launch path, on CPU.
+"""The cached launcher (strictops.ops._runtime.launcher) against Triton's own launch path, on CPU.
 
 Two checks: its specialisation key is at least as fine as ``JITFunction``'s own specialisation
 (two calls with one key never differ in Triton's), over many random argument sets; and, under
@@ -28,7 +28,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import create_function_from_signature
 
 from strictops.meta.testing import gpu
-from strictops.ops._launcher import Launcher, Pointer, keyword_constexprs
+from strictops.ops._runtime.launcher import Launcher, Pointer, keyword_constexprs
 
 
 @triton.jit(do_not_specialize=["n_plain"], do_not_specialize_on_alignment=["n_unaligned"])
@@ -343,7 +343,7 @@ def _eager_and_jit(launch_eager, launch_jit):
 
 @pytest.mark.parametrize("sm90_kernel", ["block_pair", "shared_s"])
 def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch, sm90_kernel):
-    from strictops.ops import sparse_mla_prefill as sparse
+    from strictops.ops.sparse_mla import prefill as sparse
     ws = sparse._sparse_mla_sm90
     if ws is None:
         pytest.skip("this Triton has no Gluon")
@@ -364,7 +364,7 @@ def test_gluon_sparse_mla_eager_launch(recording_driver, monkeypatch, sm90_kerne
 
 
 def _sparse_mla_module():
-    from strictops.ops import sparse_mla_prefill as sparse
+    from strictops.ops.sparse_mla import prefill as sparse
     if sparse._sparse_mla_sm90 is None:
         pytest.skip("this Triton has no Gluon")
     return sparse
@@ -420,7 +420,7 @@ def test_sparse_mla_eager_allocates_and_launches_its_outputs(recording_driver, m
 
 @pytest.mark.parametrize("kernel", ["persistent", "per_chunk", "layer_loop"])
 def test_mamba_scatter_eager_launch(recording_driver, kernel):
-    from strictops.ops import mamba_state_scatter as mss
+    from strictops.ops.mamba import state_scatter as mss
     path = mss.PATHS[kernel]
     launcher = Launcher(path.jit_fn)
     dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
@@ -433,7 +433,7 @@ def test_mamba_scatter_eager_launch(recording_driver, kernel):
 
 @pytest.mark.parametrize("src_indices", [False, True])
 def test_conv_window_scatter_eager_launch(recording_driver, monkeypatch, src_indices):
-    from strictops.ops import conv_window_scatter as cws
+    from strictops.ops.mamba import conv_window_scatter as cws
     monkeypatch.setattr(cws, "_LAUNCHER", Launcher(cws._scatter_kernel))
     dst = torch.zeros(2, 5, 19, 3, dtype=torch.bfloat16)
     src = cws.window_view(torch.zeros(2, 4, 19, 3 + 3 - 1, dtype=torch.bfloat16), 3, 3)
@@ -446,8 +446,8 @@ def test_conv_window_scatter_eager_launch(recording_driver, monkeypatch, src_ind
 
 @pytest.mark.parametrize("second_set", [False, True])
 def test_conv_window_scatter_multi_eager_launch(recording_driver, monkeypatch, second_set):
-    from strictops.ops import conv_window_scatter as cws
-    from strictops.ops import conv_window_scatter_multi as multi
+    from strictops.ops.mamba import conv_window_scatter as cws
+    from strictops.ops.mamba import conv_window_scatter_multi as multi
     monkeypatch.setattr(multi, "_LAUNCHER", Launcher(multi._scatter_multi_kernel))
     pairs = [(torch.zeros(2, 5, dim, km1, dtype=dtype),
               cws.window_view(torch.zeros(2, 4, dim, 3 + km1 - 1, dtype=dtype), 3, km1))
@@ -462,8 +462,8 @@ def test_conv_window_scatter_multi_eager_launch(recording_driver, monkeypatch, s
 @pytest.mark.parametrize("nbytes", [1000, 3 << 20])
 def test_transport_eager_launch(recording_driver, monkeypatch, nbytes):
     """One launch up to EAGER_TWO_LAUNCHES_ABOVE (the op's own choice would be two at 3 MiB)."""
-    from strictops.meta import transport_pool as contract
-    from strictops.ops import transport_pool as tp
+    from strictops.meta.transport import pool as contract
+    from strictops.ops.transport import pool as tp
     monkeypatch.setattr(tp, "_LAUNCHER", Launcher(tp._publish_kernel))
     monkeypatch.setattr(tp, "_has_pdl", lambda index: True)
     start = contract.data_start(4, 2)
@@ -477,7 +477,7 @@ def test_transport_eager_launch(recording_driver, monkeypatch, nbytes):
 
 
 def test_mamba_track_states_eager_launch(recording_driver, monkeypatch):
-    from strictops.ops import mamba_track_states as mts
+    from strictops.ops.mamba import track_states as mts
     monkeypatch.setattr(mts, "_LAUNCHER", Launcher(mts._track_kernel))
     conv = torch.zeros(2, 6, 5, 3, dtype=torch.bfloat16)
     ssm = torch.zeros(2, 6, 4, 16)
@@ -491,7 +491,7 @@ def test_mamba_track_states_eager_launch(recording_driver, monkeypatch):
 
 @pytest.mark.parametrize("with_seq_lens", [False, True])
 def test_mamba_commit_indices_eager_launch(recording_driver, monkeypatch, with_seq_lens):
-    from strictops.ops import mamba_commit_indices as mci
+    from strictops.ops.mamba import commit_indices as mci
     monkeypatch.setattr(mci, "_LAUNCHER", Launcher(mci._commit_kernel))
     accept_index = torch.zeros(6, 4, dtype=torch.int32)
     lens = torch.zeros(6, dtype=torch.int64)
@@ -511,7 +511,7 @@ def test_mamba_commit_indices_eager_launch(recording_driver, monkeypatch, with_s
 @gpu
 def test_gpu_mamba_scatter_misaligned_dst_view():
     from strictops.ops import fused_mamba_state_scatter_with_mask
-    from strictops.ops import mamba_state_scatter as mss
+    from strictops.ops.mamba import state_scatter as mss
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = (3, 9, 4, 8)
     src = torch.randn(3, 5, 2, 4, 8, device="cuda", generator=gen)
@@ -533,11 +533,11 @@ def test_gpu_unknown_launch_layout_gives_the_reference_result(monkeypatch):
     """With no launcher layout known (as on a Triton whose launcher changed again), the Mamba
     scatter and sparse MLA eager calls launch through ``JITFunction.run`` only (no fast
     launch, no C++ plan) and give the reference result."""
-    from strictops.meta import sparse_mla_prefill as smp
-    from strictops.ops import _triton_abi
-    from strictops.ops import mamba_state_scatter as mss
-    from strictops.ops import sparse_mla_prefill as sparse
-    from strictops.ops._kernel_path import KernelPath
+    from strictops.meta.sparse_mla import prefill as smp
+    from strictops.ops._runtime import triton_abi as _triton_abi
+    from strictops.ops.mamba import state_scatter as mss
+    from strictops.ops.sparse_mla import prefill as sparse
+    from strictops.ops._runtime.kernel_path import KernelPath
     monkeypatch.setattr(_triton_abi, "LAYOUTS", ())
     kernel = mss.TUNING["kernel"]
     real = mss.PATHS[kernel]
@@ -586,7 +586,7 @@ def test_gpu_unknown_launch_layout_gives_the_reference_result(monkeypatch):
 
 @gpu
 def test_gpu_copy_tensor_misaligned_source():
-    from strictops.meta.transport_pool import data_start
+    from strictops.meta.transport.pool import data_start
     from strictops.ops import TransportPool
     pool = TransportPool(data_start(4, 1) + (8 << 20), device="cuda:0", max_inflight_slices=4,
                          consumer_count=1, recycle_interval=None, name="launcher-test")
@@ -616,8 +616,8 @@ def test_gpu_copy_tensor_misaligned_source():
 @gpu
 @pytest.mark.parametrize("kernel", ["auto", "triton"])
 def test_gpu_sparse_mla_eager_equals_dispatcher(monkeypatch, kernel):
-    from strictops.meta import sparse_mla_prefill as smp
-    from strictops.ops import sparse_mla_prefill as sparse
+    from strictops.meta.sparse_mla import prefill as smp
+    from strictops.ops.sparse_mla import prefill as sparse
     monkeypatch.setattr(sparse, "KERNEL", kernel)
     dims = smp.Dims(s_q=5, s_kv=700, h_q=128, d_qk=576, topk=256, with_attn_sink=True,
                     device="cuda")
@@ -635,13 +635,13 @@ def test_gpu_sparse_mla_eager_equals_dispatcher(monkeypatch, kernel):
     assert max_logits.untyped_storage().data_ptr() == lse.untyped_storage().data_ptr()
 
 
-# The C++ eager path (strictops.ops._host_path) against the Python path: under the recording
+# The C++ eager path (strictops.ops._runtime.host_path) against the Python path: under the recording
 # driver and a recorder of the C++ launches, a call served by a plan launches the kernel the
 # Python path launched, with the same grid, block, shared memory and parameters (each pointer
 # the address of the tensor the Python path passed there), and returns the same kind of result.
 
 def _needs_host_path(test):
-    from strictops.ops import _host_path
+    from strictops.ops._runtime import host_path as _host_path
     return pytest.mark.skipif(not _host_path.available(),
                               reason="built without the C++ eager path")(test)
 
@@ -653,7 +653,7 @@ def _params(launch, signature):
     kinds = [k for k in signature.values() if k != "constexpr"]
     assert len(offsets) == len(kinds) + 2  # and Triton's two scratch pointers, null
     assert blob[offsets[-2]:offsets[-2] + 16] == bytes(16)
-    from strictops.ops._host_path import _SCALAR_FORMATS
+    from strictops.ops._runtime.host_path import _SCALAR_FORMATS
     return [struct.unpack_from("<Q" if k.startswith("*") else "<" + _SCALAR_FORMATS[k],
                                blob, o)[0] for k, o in zip(kinds, offsets)]
 
@@ -670,7 +670,7 @@ def _triton_params(call, signature):
 @pytest.mark.parametrize("given", ["", "out", "out,max_logits,lse", "errors"])
 def test_sparse_mla_plan_launches_what_the_python_path_launches(
         recording_driver, host_recorder, monkeypatch, given):
-    from strictops.ops._host_path import HostPath
+    from strictops.ops._runtime.host_path import HostPath
     real = _sparse_mla_module()._VALIDATION
     sparse, ws = _sparse_eager_on_cpu(recording_driver, monkeypatch)
     # CPU tensors: the contract (its own tests cover it) passes every call, with the per-call
@@ -738,8 +738,8 @@ def _mamba_scatter_on_cpu(monkeypatch, recording_driver, kernel):
     """The Mamba scatter's eager path with a fresh launcher and C++ path (a contract without
     rules stands in: CPU tensors), on the recording driver; returns its KernelPath."""
     from strictops.meta._contract import Contract
-    from strictops.ops import mamba_state_scatter as mss
-    from strictops.ops._kernel_path import KernelPath
+    from strictops.ops.mamba import state_scatter as mss
+    from strictops.ops._runtime.kernel_path import KernelPath
     real = mss.PATHS[kernel]
     path = KernelPath(real.jit_fn, Contract(mss.contract.CONTRACT.op, "stand_in", ()),
                       mss.contract.ARGUMENTS, real.arguments, real.num_warps, writes=("dst",))
@@ -757,7 +757,7 @@ def test_unknown_launch_layout_takes_the_jit_path(recording_driver, host_recorde
     launched any other way than through ``JITFunction.run``: no fast launch is kept, no C++
     plan is made, and every call reaches Triton's own launcher."""
     from collections import defaultdict
-    from strictops.ops import mamba_state_scatter as mss
+    from strictops.ops.mamba import state_scatter as mss
     for kernel in ("layer_loop", "per_chunk"):  # compiled kernels of this test's own
         fn = mss.PATHS[kernel].jit_fn
         monkeypatch.setattr(fn, "device_caches", defaultdict(fn.create_binder))
@@ -784,7 +784,7 @@ def test_unknown_launch_layout_takes_the_jit_path(recording_driver, host_recorde
 @pytest.mark.parametrize("kernel", ["persistent", "per_chunk", "layer_loop"])
 def test_mamba_scatter_plan_launches_what_the_python_path_launches(
         recording_driver, host_recorder, monkeypatch, kernel):
-    from strictops.ops import mamba_state_scatter as mss
+    from strictops.ops.mamba import state_scatter as mss
     path = _mamba_scatter_on_cpu(monkeypatch, recording_driver, kernel)
     dst, src = torch.zeros(2, 5, 3, 16), torch.zeros(2, 4, 3, 3, 16)
     slots, steps = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
@@ -814,8 +814,8 @@ def test_mamba_scatter_plan_launches_what_the_python_path_launches(
 def test_mamba_commit_indices_plan_launches_what_the_python_path_launches(
         recording_driver, host_recorder, monkeypatch, with_seq_lens):
     from strictops.meta._contract import CachedValidation, Contract
-    from strictops.ops import mamba_commit_indices as mci
-    from strictops.ops._host_path import HostPath
+    from strictops.ops.mamba import commit_indices as mci
+    from strictops.ops._runtime.host_path import HostPath
     # CPU tensors: a contract without rules stands in (the op's own tests cover its rules).
     validation = CachedValidation(Contract(mci.contract.CONTRACT.op, "stand_in", ()),
                                   mci.contract.ARGUMENTS)
@@ -851,7 +851,7 @@ def _cpu_pool(rt, slots, consumers, nbytes):
     """A TransportPool's producer state over a CPU byte tensor (its constructor needs CUDA):
     what copy_tensor reads."""
     import threading
-    from strictops.meta import transport_pool as contract
+    from strictops.meta.transport import pool as contract
     pool = object.__new__(rt.TransportPool)
     memory_size = contract.data_start(slots, consumers) + nbytes
     pool.tensor = torch.zeros(memory_size, dtype=torch.uint8)
@@ -868,9 +868,9 @@ def _cpu_pool(rt, slots, consumers, nbytes):
 def test_copy_tensor_plan_launches_what_the_python_path_launches(
         recording_driver, host_recorder, monkeypatch):
     from strictops.meta._contract import CachedValidation, Contract
-    from strictops.ops import transport_pool as tp
-    from strictops.ops import transport_runtime as rt
-    from strictops.ops._host_path import MISS, HostPath
+    from strictops.ops.transport import pool as tp
+    from strictops.ops.transport import producer as rt
+    from strictops.ops._runtime.host_path import MISS, HostPath
     # CPU tensors: a contract without rules stands in (the op's own tests cover its rules).
     validation = CachedValidation(Contract(tp.contract.CONTRACT.op, "stand_in", ()),
                                   rt._SOURCE_VALIDATION.names)
@@ -915,7 +915,7 @@ def test_copy_tensor_plan_launches_what_the_python_path_launches(
 def _conv_inputs(multi_pairs: bool):
     """A conv-window scatter call on CPU tensors: one pair, or two of different dims and
     dtypes with both request sets; each ``src`` an overlapping window view."""
-    from strictops.ops import conv_window_scatter as cws
+    from strictops.ops.mamba import conv_window_scatter as cws
     pairs = [(torch.zeros(2, 5, dim, km1, dtype=dtype),
               cws.window_view(torch.zeros(2, 4, dim, 3 + km1 - 1, dtype=dtype), 3, km1))
              for dim, km1, dtype in ((19, 3, torch.bfloat16), (7, 2, torch.float32))]
@@ -933,9 +933,9 @@ def test_conv_window_scatter_plan_launches_what_the_python_path_launches(
     parameter, the pairs' tensors named inside the list; the storage-reach rows on every call
     (a storage shrunk under a planned signature takes the Python path, which raises)."""
     from strictops.meta._contract import Contract
-    from strictops.ops import conv_window_scatter as cws
-    from strictops.ops import conv_window_scatter_multi as multi
-    from strictops.ops._kernel_path import KernelPath
+    from strictops.ops.mamba import conv_window_scatter as cws
+    from strictops.ops.mamba import conv_window_scatter_multi as multi
+    from strictops.ops._runtime.kernel_path import KernelPath
     module = multi if multi_pairs else cws
     real = module._PATH
     # CPU tensors: the contract's storage-reach rows alone stand in for it (the op's own tests

@@ -19,10 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from strictops.meta.strategies import mamba_state_scatter as index_values_of
-from strictops.meta.testing import anchor_module, gpu, raised
-from strictops.ops import conv_window_scatter, conv_window_scatter_multi, mamba_state_scatter
-from strictops.ops import mamba_after_verify as op
-from strictops.ops.mamba_after_verify import MambaCaches
+from strictops.meta.testing import examples, anchor_module, gpu, raised
+from strictops.ops.mamba import conv_window_scatter
+from strictops.ops.mamba import conv_window_scatter_multi
+from strictops.ops.mamba import state_scatter as mamba_state_scatter
+from strictops.ops.mamba import after_verify as op
+from strictops.ops.mamba.after_verify import MambaCaches
 from strictops.ops import scatter_mamba_states_after_mtp_verify
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -77,7 +79,7 @@ def _equal(caches: MambaCaches, expected) -> bool:
         torch.equal(c, e) for c, e in zip(caches.conv, convs))
 
 
-@settings(SETTINGS, max_examples=25)
+@settings(SETTINGS, max_examples=examples(25))
 @given(data=st.data())
 def test_interpreted_composition_equals_reference(data):
     n, cache = data.draw(st.integers(0, 9)), data.draw(st.integers(1, 8))

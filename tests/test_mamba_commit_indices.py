@@ -18,10 +18,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strictops.meta import mamba_commit_indices as contract
+from strictops.meta.mamba import commit_indices as contract
 from strictops.meta import strategies
 from strictops.meta.strategies import mamba_commit_indices as calls_of
-from strictops.meta.testing import (
+from strictops.meta.testing import (examples, 
     HAS_CUDA,
     HAS_TWO_GPUS,
     anchor_module,
@@ -33,8 +33,8 @@ from strictops.meta.testing import (
     raised,
 )
 from strictops.ops import fused_commit_track_indices
-from strictops.ops import mamba_commit_indices as op
-from strictops.ops._interpret import interpreted
+from strictops.ops.mamba import commit_indices as op
+from strictops.ops._runtime.interpret import interpreted
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DIMS = contract.Dims(batch=5, accepted_tokens=3, draft_token_num=4, mamba_track_interval=6)
@@ -83,7 +83,7 @@ def _equal(got, want) -> bool:
     return all((g is None and w is None) or torch.equal(g, w) for g, w in zip(got, want))
 
 
-@settings(SETTINGS, max_examples=80)
+@settings(SETTINGS, max_examples=examples(80))
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
     d = data.draw(calls_of.dims(device="cpu"))
@@ -109,7 +109,7 @@ def _original_formula(accept_index, accept_lens, seq_lens, draft_token_num, inte
     return torch.tensor(last), torch.tensor(track)
 
 
-@settings(SETTINGS, max_examples=150)
+@settings(SETTINGS, max_examples=examples(150))
 @given(data=st.data())
 def test_reference_is_the_original_formula_where_the_original_reads_in_bounds(data):
     """In-range lengths (1..accepted_tokens) and non-negative sequence lengths."""
@@ -158,7 +158,7 @@ def test_interpreted_kernel_reads_strided_tensors_in_place(reverse_programs):
 
 
 @gpu
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=examples(40))
 @given(data=st.data())
 def test_gpu_op_equals_reference(data):
     d = data.draw(calls_of.dims(device="cuda"))
@@ -179,7 +179,7 @@ def test_gpu_bit_equal_to_the_original(with_seq_lens):
 
 
 @gpu
-@settings(SETTINGS, max_examples=20)
+@settings(SETTINGS, max_examples=examples(20))
 @given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
 def test_gpu_real_tensors_raise_the_contract_error(call):
     args, kwargs = call.build()

@@ -16,10 +16,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strictops.meta import mamba_state_scatter as contract
+from strictops.meta.mamba import state_scatter as contract
 from strictops.meta import strategies
 from strictops.meta.strategies import mamba_state_scatter as calls_of
-from strictops.meta.testing import (
+from strictops.meta.testing import (examples, 
     HAS_CUDA,
     HAS_TWO_GPUS,
     assert_every_rule_pinned,
@@ -29,7 +29,7 @@ from strictops.meta.testing import (
     raised,
 )
 from strictops.ops import fused_mamba_state_scatter_with_mask
-from strictops.ops import mamba_state_scatter as op
+from strictops.ops.mamba import state_scatter as op
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DIMS = contract.Dims(num_layers=3, cache_size=7, spec_size=5, draft_tokens=4,
@@ -141,7 +141,7 @@ def _tunings(kernel: str):
     })
 
 
-@settings(SETTINGS, max_examples=120)
+@settings(SETTINGS, max_examples=examples(120))
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
     """Any index values (negative, out of range, near INT32_MAX, duplicate slots): each kernel
@@ -410,7 +410,7 @@ def test_persistent_grid_does_not_grow_with_the_requests():
 
 
 @gpu
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=examples(30))
 @given(data=st.data())
 def test_gpu_op_equals_reference(data):
     dims = data.draw(calls_of.dims(device="cuda"))
@@ -422,7 +422,7 @@ def test_gpu_op_equals_reference(data):
 
 
 @gpu
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=examples(30))
 @given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
 def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
     args, kwargs = call.build()

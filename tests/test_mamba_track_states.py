@@ -17,10 +17,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strictops.meta import mamba_track_states as contract
+from strictops.meta.mamba import track_states as contract
 from strictops.meta import strategies
 from strictops.meta.strategies import mamba_track_states as calls_of
-from strictops.meta.testing import (
+from strictops.meta.testing import (examples, 
     HAS_CUDA,
     HAS_TWO_GPUS,
     anchor_module,
@@ -32,8 +32,8 @@ from strictops.meta.testing import (
     raised,
 )
 from strictops.ops import track_mamba_states_all_layers, track_mamba_states_if_needed
-from strictops.ops import mamba_track_states as op
-from strictops.ops._interpret import interpreted
+from strictops.ops.mamba import track_states as op
+from strictops.ops._runtime.interpret import interpreted
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DIMS = contract.Dims(num_layers=3, pool_size=9, conv_state=(4, 2), ssm_state=(2, 5, 3), batch=6,
@@ -98,7 +98,7 @@ class TestMessages(expecttest.TestCase):
         assert str(err).startswith("Expected ssm_states_pool entry dims (dims 2..4) contiguous")
 
 
-@settings(SETTINGS, max_examples=50)
+@settings(SETTINGS, max_examples=examples(50))
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference(data):
     d = data.draw(calls_of.dims(device="cpu"))
@@ -301,7 +301,7 @@ def test_interpreted_original_kernel_agrees(all_layers):
 
 
 @gpu
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=examples(40))
 @given(data=st.data())
 def test_gpu_op_equals_reference(data):
     d = data.draw(calls_of.dims(device="cuda", max_entry=5000))
@@ -359,7 +359,7 @@ def test_gpu_tuning_variants_equal_reference(tuning, programs):
 
 
 @gpu
-@settings(SETTINGS, max_examples=20)
+@settings(SETTINGS, max_examples=examples(20))
 @given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False))
 def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
     args, kwargs = call.build()

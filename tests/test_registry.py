@@ -31,12 +31,14 @@ def test_ops_are_registered():
 def test_op_has_every_part(op):
     contract = CONTRACTS[op]
     module = OP_MODULES[op]
-    meta = importlib.import_module(f"strictops.meta.{contract.stem}")
+    meta = importlib.import_module(f"strictops.meta.{contract.module}")
+    assert module.__name__ == f"strictops.ops.{contract.module}"
     assert meta.CONTRACT is contract and module.contract is meta
+    path = contract.module.replace(".", "/")
     for part in ("reference", "launch_interpreted", "example_inputs", op.split("::")[1]):
-        assert callable(getattr(module, part, None)), f"{op}: ops/{contract.stem}.py lacks {part}"
+        assert callable(getattr(module, part, None)), f"{op}: ops/{path}.py lacks {part}"
     assert set(meta.NEAR_MISSES) == set(contract.rules)
-    for path in (f"ops/{contract.stem}.py", f"meta/{contract.stem}.py",
+    for path in (f"ops/{path}.py", f"meta/{path}.py", f"meta/strategies/{contract.stem}.py",
                  f"tests/test_{contract.stem}.py",
                  f"compile_tests/test_{contract.stem}_compile.py",
                  f"benchmarks/bench_{contract.stem}.py"):

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from strictops.ops import OP_MODULES, selfcheck
-from strictops.ops import sparse_mla_prefill as sparse
+from strictops.ops.sparse_mla import prefill as sparse
 
 
 @pytest.mark.parametrize("op", sorted(OP_MODULES))

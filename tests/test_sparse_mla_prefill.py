@@ -38,11 +38,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from triton.runtime import interpreter
 
-from strictops.meta import sparse_mla_prefill as contract
+from strictops.meta.sparse_mla import prefill as contract
 from strictops.meta import strategies
 from strictops.meta._contract import Contract
 from strictops.meta.strategies import sparse_mla_prefill as calls_of
-from strictops.meta.testing import (
+from strictops.meta.testing import (examples, 
     CAN_NAME_SECOND_GPU,
     assert_every_rule_pinned,
     build,
@@ -51,10 +51,10 @@ from strictops.meta.testing import (
     near_miss_message,
     raised,
 )
-from strictops.ops import sparse_mla_prefill as op
+from strictops.ops.sparse_mla import prefill as op
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
-from strictops.ops._dispatch import device_capability
-from strictops.ops._interpret import interpreted
+from strictops.ops._runtime.dispatch import device_capability
+from strictops.ops._runtime.interpret import interpreted
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Sizes for the pinned messages: distinct, so a message that shows the wrong size shows it.
@@ -273,7 +273,7 @@ class TestMessages(expecttest.TestCase):
         self.assertExpectedInline(str(err), """topk_length values must satisfy 0 <= topk_length <= topk (256)""")
 
 
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=examples(30))
 @given(dims=calls_of.dims())
 def test_valid_calls_pass_on_fake_tensors_and_return_the_given_buffers(dims):
     with fake_mode():
@@ -422,7 +422,7 @@ def _check_interpreted(args: dict, reverse_programs: bool = False):
     return outputs, expected
 
 
-@settings(SETTINGS, max_examples=25)
+@settings(SETTINGS, max_examples=examples(25))
 @given(data=st.data())
 def test_interpreted_kernel_matches_the_reference(data):
     """Any mix of valid and invalid indices, lengths, sink and buffers, both head dims:
@@ -581,7 +581,7 @@ def test_the_op_imports_on_a_triton_without_gluon():
     """Where Gluon's Hopper API is missing, the package imports and the op keeps to its
     Triton kernel."""
     code = ("import sys; sys.modules['triton.experimental.gluon.language.nvidia.hopper'] = None\n"
-            "from strictops.ops import sparse_mla_prefill as op\n"
+            "from strictops.ops.sparse_mla import prefill as op\n"
             "op.KERNEL = 'gluon'\n"
             "assert op._sparse_mla_sm90 is None and not op.warp_specialized(None)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -638,7 +638,7 @@ def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tu
     exactly as many as on Triton 3.6, each consumer computes the whole S of its own blocks,
     and the ``vt_ldsm`` transpose is ``ldmatrix.trans`` and ``stmatrix`` with two ``prmt`` per
     pair of 32-bit words."""
-    from strictops.ops import _sparse_mla_hopper as hopper
+    from strictops.ops.sparse_mla import gluon_block_pair as hopper
 
     tr_cons, vt_ldsm = tuning.get("tr_cons", True), tuning.get("vt_ldsm", True)
     ptx = _sm90_ptx("block_pair", d_qk, **tuning)
@@ -681,7 +681,7 @@ def sm90_on_cpu(monkeypatch):
     if ws is None:
         pytest.skip("this Triton has no Gluon")
     from triton import knobs
-    from strictops.ops import _sparse_mla_hopper as hopper
+    from strictops.ops.sparse_mla import gluon_block_pair as hopper
 
     monkeypatch.setattr(ws, "UNBUILDABLE", None)
     monkeypatch.setattr(ws, "KERNEL", "block_pair")
@@ -775,7 +775,7 @@ def test_hopper_vt_transpose_index_algebra():
     the int16 words it loads, split, byte-permuted (``prmt``), joined and stores give Vᵀ with
     rows ρ(d) and columns σ(n), and P with columns relabelled by σ times that Vᵀ, its columns
     relabelled by ρ, is P·V exactly (integers in float64)."""
-    tr = pytest.importorskip("strictops.ops._sparse_mla_transpose")
+    tr = pytest.importorskip("strictops.ops.sparse_mla.gluon_transpose")
 
     def prmt(a, b, selector):  # PTX prmt.b32 on 32-bit words held in int64
         source = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF
@@ -905,10 +905,10 @@ ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "produ
 
 
 def _block_pair():
-    """``strictops.ops._sparse_mla_hopper``; the test is skipped without Gluon or sm_90."""
+    """``strictops.ops.sparse_mla.gluon_block_pair``; the test is skipped without Gluon or sm_90."""
     if op._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the block-pair kernel needs Gluon and an sm_90 GPU")
-    from strictops.ops import _sparse_mla_hopper
+    from strictops.ops.sparse_mla import gluon_block_pair as _sparse_mla_hopper
     return _sparse_mla_hopper
 
 
@@ -996,7 +996,7 @@ def test_gpu_functional_buffer_and_dispatcher_calls_agree_bit_for_bit():
 
 
 @gpu
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=examples(40))
 @given(call=strategies.calls(calls_of.OP, device="cuda:0", valid=False, values=True))
 def test_gpu_real_tensors_raise_the_contract_error_and_write_nothing(call):
     args, kwargs = call.build()  # zero-filled

@@ -27,9 +27,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strictops.meta import transport_pool as contract
+from strictops.meta.transport import pool as contract
 from strictops.meta.strategies import transport_pool as calls_of
-from strictops.meta.testing import (
+from strictops.meta.testing import (examples, 
     HAS_CUDA,
     HAS_TWO_GPUS,
     assert_every_rule_pinned,
@@ -42,9 +42,9 @@ from strictops.meta.testing import (
     run_script,
 )
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
-from strictops.ops import transport_pool as op
-from strictops.ops import transport_runtime as runtime
-from strictops.ops import _cuda_stream
+from strictops.ops.transport import pool as op
+from strictops.ops.transport import leases
+from strictops.ops.transport import cuda_stream as _cuda_stream
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DIMS = contract.Dims(memory_size=1000, max_inflight_slices=7, consumer_count=2,
@@ -144,7 +144,7 @@ CUDA IPC cannot transport an empty tensor""")
             str(raised(TransportPool, memory_size=1 << 20, consumer_count=0)), """consumer_count must be positive, got 0""")
 
     def test_inactive_lease(self):
-        alloc = runtime.LeaseAllocator(4096, 2, 1, "CUDA IPC")
+        alloc = leases.LeaseAllocator(4096, 2, 1, "CUDA IPC")
         lease = alloc.allocate(10)
         alloc.release(lease)
         self.assertExpectedInline(str(raised(alloc.release, lease=lease)), """Cannot release inactive CUDA IPC pool lease (slot=0, generation=1)""")
@@ -152,7 +152,7 @@ CUDA IPC cannot transport an empty tensor""")
                                               action="cancel")), """Cannot cancel inactive CUDA IPC pool lease (slot=0, generation=1)""")
 
     def test_generation_exhausted_changes_nothing(self):
-        alloc = runtime.LeaseAllocator(4096, 2, 1, "CUDA IPC")
+        alloc = leases.LeaseAllocator(4096, 2, 1, "CUDA IPC")
         alloc._generations[0] = contract.MAX_GENERATION  # slot 0 is next to be leased
         free = alloc.free_ranges
         err = raised(alloc.allocate, nbytes=10)
@@ -189,7 +189,7 @@ CUDA IPC cannot transport an empty tensor""")
         self.assertExpectedInline(str(err), """stream-ordered waits and writes need cuda-bindings: pip install 'strictops[cuda]'""")
 
 
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=examples(30))
 @given(dims=calls_of.dims())
 def test_valid_calls_pass_the_contract(dims):
     with fake_mode():
@@ -213,7 +213,7 @@ def _fill(dims: contract.Dims, gen: torch.Generator) -> dict:
             "consumer_count": dims.consumer_count}
 
 
-@settings(SETTINGS, max_examples=200)
+@settings(SETTINGS, max_examples=examples(200))
 @given(data=st.data())
 def test_interpreted_kernel_equals_reference_for_any_lease(data):
     """Any lease values, from a tensor or as arguments: the kernel writes exactly what the
@@ -551,7 +551,7 @@ def test_gpu_copy_tensor_messages_carry_the_pool_name():
 
 
 @gpu
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=examples(40))
 @given(data=st.data())
 def test_gpu_op_equals_reference_for_any_lease(data):
     dims = data.draw(calls_of.dims(device="cuda:0", max_data=1 << 16))

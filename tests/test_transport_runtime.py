@@ -36,13 +36,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
 
-from strictops.meta import transport_pool as contract
-from strictops.meta.testing import fake_mode, gpu, multi_gpu, raised, run_script
-from strictops.ops import TransportConsumer, TransportPool, _cuda_stream
-from strictops.ops import _transport_faults as faults
-from strictops.ops import _transport_peers as peers
-from strictops.ops import transport_runtime as runtime
-from strictops.ops._interpret import interpreted
+from strictops.meta.transport import pool as contract
+from strictops.meta.testing import examples, fake_mode, gpu, multi_gpu, raised, run_script
+from strictops.ops import TransportConsumer, TransportPool
+from strictops.ops.transport import cuda_stream as _cuda_stream
+from strictops.ops.transport import faults
+from strictops.ops.transport import peers
+from strictops.ops.transport import leases, producer
+from strictops.ops._runtime.interpret import interpreted
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALIGN = contract.DATA_ALIGNMENT
@@ -66,7 +67,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                 data=st.integers(1, 8 * ALIGN))
     def setup(self, slots, consumers, data):
         self.memory_size = contract.data_start(slots, consumers) + data
-        self.alloc = runtime.LeaseAllocator(self.memory_size, slots, consumers, "test")
+        self.alloc = leases.LeaseAllocator(self.memory_size, slots, consumers, "test")
         self.words = [[0] * (1 + consumers) for _ in range(slots)]
         self.consumers = consumers
         self.generations = [0] * slots
@@ -205,11 +206,11 @@ class AllocatorMachine(RuleBasedStateMachine):
 
 
 TestAllocatorMachine = AllocatorMachine.TestCase
-TestAllocatorMachine.settings = settings(SETTINGS, max_examples=150, stateful_step_count=40)
+TestAllocatorMachine.settings = settings(SETTINGS, max_examples=examples(150), stateful_step_count=40)
 
 
 def test_dropping_every_consumer_frees_published_leases_only():
-    alloc = runtime.LeaseAllocator(contract.data_start(3, 2) + 4 * ALIGN, 3, 2, "test")
+    alloc = leases.LeaseAllocator(contract.data_start(3, 2) + 4 * ALIGN, 3, 2, "test")
     published, unpublished = alloc.allocate(10), alloc.allocate(10)
     words = [[0, 0, 0] for _ in range(3)]
     words[published.slot][0] = published.generation
@@ -227,7 +228,7 @@ def test_dropping_every_consumer_frees_published_leases_only():
 
 def _attach_in_child(name: str, rank: int, then: str = "") -> str:
     return textwrap.dedent(f"""
-        from strictops.ops._transport_faults import ConsumerRegistry
+        from strictops.ops.transport.faults import ConsumerRegistry
         r = ConsumerRegistry(2, 4, {name!r})
         r.attach({rank}, "CUDA IPC")
         print("attached", flush=True)
@@ -342,7 +343,7 @@ def _lease(slot: int, generation: int, consumers: int = 1) -> contract.Lease:
     return contract.Lease(4096, 4352, 10, slot, generation, ready, ready + 4)
 
 
-@settings(SETTINGS, max_examples=60)
+@settings(SETTINGS, max_examples=examples(60))
 @given(cases=st.lists(st.tuples(WORD, GENERATION), min_size=1, max_size=6), abort=st.booleans())
 def test_interpreted_abort_kernel_follows_the_cyclic_rule(cases, abort):
     """Per wait: published when the ready word is cyclically at or past the generation (what
@@ -585,7 +586,7 @@ class TestConsumerRules(expecttest.TestCase):
         registry = faults.ConsumerRegistry(2, 4)
         try:
             pool = torch.zeros(4096, dtype=torch.uint8)
-            handle = runtime.PoolHandle(lambda: pool, (), 4, 2, "CUDA IPC", registry.name, None)
+            handle = producer.PoolHandle(lambda: pool, (), 4, 2, "CUDA IPC", registry.name, None)
             consumer = TransportConsumer.attach(handle, 1)
             self.assertEqual(registry.attached_pid(1), os.getpid())
             self.assertEqual(consumer.wait_timeout, faults.default_timeout(None))
@@ -608,7 +609,7 @@ class TestPeerConsumers(expecttest.TestCase):
     def _handle(self, registry, consumers="peers", rebuild=None):
         def refuse(*args):
             raise AssertionError("the handle was opened")
-        return runtime.PoolHandle(rebuild or refuse, (), 4, 2, "CUDA IPC", registry.name, None,
+        return producer.PoolHandle(rebuild or refuse, (), 4, 2, "CUDA IPC", registry.name, None,
                                   device=0, consumers=consumers)
 
     def test_refused_without_peer_access_before_the_rank_is_taken(self):
@@ -660,7 +661,7 @@ class TestPeerConsumers(expecttest.TestCase):
             opened.append((bound.arguments["storage_device"], current[-1]))
             return torch.empty(64, dtype=torch.uint8, device=f"cuda:{returned}")
 
-        handle = runtime.PoolHandle(rebuild, tuple(range(15)), 4, 2, "CUDA IPC", device=0)
+        handle = producer.PoolHandle(rebuild, tuple(range(15)), 4, 2, "CUDA IPC", device=0)
         with fake_mode(), unittest.mock.patch.object(torch.cuda, "device", device):
             returned = 1
             self.assertEqual(peers.open_mapped(handle, 1).device, torch.device("cuda:1"))
@@ -825,9 +826,9 @@ def test_abort_kernel_compiles_to_a_system_scope_compare_and_swap():
 def test_cancel_lease_takes_a_lease_or_all_three_sglang_keywords():
     lease = contract.Lease(start=64, end=128, nbytes=64, slot=1, generation=7,
                            ready_byte_offset=16, ack_byte_offset=20)
-    assert runtime.lease_words(lease, None, None, None) == (16, 20, 7)
-    assert runtime.lease_words(None, 16, 20, 7) == (16, 20, 7)
+    assert leases.lease_words(lease, None, None, None) == (16, 20, 7)
+    assert leases.lease_words(None, 16, 20, 7) == (16, 20, 7)
     for mix in [(None, None, None, None), (None, 16, 20, None), (None, 16, None, None),
                 (lease, 16, 20, 7), (lease, None, None, 7)]:
         with pytest.raises(TypeError, match="cancel_lease takes a lease, or ready_byte_offset"):
-            runtime.lease_words(*mix)
+            leases.lease_words(*mix)

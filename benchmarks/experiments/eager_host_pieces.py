@@ -33,17 +33,17 @@ from pathlib import Path
 
 import torch
 
-from strictops.meta import mamba_state_scatter as mss_contract
-from strictops.meta import sparse_mla_prefill as smp
+from strictops.meta.mamba import state_scatter as mss_contract
+from strictops.meta.sparse_mla import prefill as smp
 from strictops.meta._contract import CachedValidation
-from strictops.meta.transport_pool import data_start
+from strictops.meta.transport.pool import data_start
 from strictops.ops import TransportPool
-from strictops.ops import mamba_state_scatter as mss
-from strictops.ops import sparse_mla_prefill as sparse
-from strictops.ops import transport_pool as tp
-from strictops.ops._dispatch import can_skip_dispatcher
-from strictops.ops._host_path import MISS
-from strictops.ops._launcher import Launcher
+from strictops.ops.mamba import state_scatter as mss
+from strictops.ops.sparse_mla import prefill as sparse
+from strictops.ops.transport import pool as tp
+from strictops.ops._runtime.dispatch import can_skip_dispatcher
+from strictops.ops._runtime.host_path import MISS
+from strictops.ops._runtime.launcher import Launcher
 
 # The sm_90 launch path (an older checkout: the Gluon kernel module); None without Gluon.
 ws = getattr(sparse, "_sparse_mla_sm90", getattr(sparse, "_sparse_mla_gluon", None))
@@ -89,7 +89,7 @@ def back_to_back_device_us(fn, calls: int = 200) -> float:
 
 def recorded_launch(call) -> tuple:
     """``(launcher, grid, args, options)`` of the last launch ``call()`` makes through a cached
-    launcher (:class:`~strictops.ops._launcher.Launcher`), so that the pieces launch exactly
+    launcher (:class:`~strictops.ops._runtime.launcher.Launcher`), so that the pieces launch exactly
     what the eager path launches."""
     real, seen = Launcher.__call__, []
 

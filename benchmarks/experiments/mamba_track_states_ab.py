@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from strictops.ops import mamba_track_states as m
-from strictops.ops.mamba_track_states import _copy_chunk
+from strictops.ops.mamba import track_states as m
+from strictops.ops.mamba.track_states import _copy_chunk
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _harness import graph_replay_us  # noqa: E402

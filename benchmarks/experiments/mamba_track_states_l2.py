@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from strictops.ops import mamba_track_states as m
+from strictops.ops.mamba import track_states as m
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_mamba_track_states import (  # noqa: E402

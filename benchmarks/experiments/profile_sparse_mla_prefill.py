@@ -8,8 +8,8 @@
 
 import torch
 
-from strictops.meta import sparse_mla_prefill as contract
-from strictops.ops import sparse_mla_prefill as m
+from strictops.meta.sparse_mla import prefill as contract
+from strictops.ops.sparse_mla import prefill as m
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
 

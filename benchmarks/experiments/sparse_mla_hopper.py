@@ -5,8 +5,8 @@ On an H200 (the default variants; about 100 s when the original is already built
     python benchmarks/experiments/sparse_mla_hopper.py --out $OUT
 
 Variants (``--kernels``; ``VARIANTS``, the default set in ``DEFAULT``): ``old`` (the shared-S
-kernel of ``strictops.ops._sparse_mla_gluon``), ``cutlass`` (sglang's original, where
-``.anchor`` has it built), ``new`` (``strictops.ops._sparse_mla_hopper`` with its ``TUNING``:
+kernel of ``strictops.ops.sparse_mla.gluon_shared_s``), ``cutlass`` (sglang's original, where
+``.anchor`` has it built), ``new`` (``strictops.ops.sparse_mla.gluon_block_pair`` with its ``TUNING``:
 persistent CTAs, the consumers transposing V with ``ldmatrix.trans`` / ``stmatrix``, 64
 columns a load, after the second P·V, O through shared memory, 232/40 registers), the same
 with one knob changed (``_r224``: 224/56 registers; ``_early``: the transposes whose Vᵀ
@@ -19,7 +19,7 @@ Q with ``cp.async`` after the fork), and the ablations in ``ABLATIONS`` (wrong r
 timing only, first and third shapes only). Each variant is compiled first, all at once, in
 processes of their own. ``--extra-shapes`` adds ``EXTRA_SHAPES`` to the speed rows.
 
-Without a GPU (``--build``): compiles every variant of ``strictops.ops._sparse_mla_hopper``
+Without a GPU (``--build``): compiles every variant of ``strictops.ops.sparse_mla.gluon_block_pair``
 (and ``_sparse_mla_gluon``) for sm_90a with the Triton wheel's ptxas and prints registers,
 spills, ptxas warnings, shared memory and the SASS instruction mix.
 
@@ -50,8 +50,8 @@ from pathlib import Path
 
 import torch
 
-from strictops.meta import sparse_mla_prefill as contract
-from strictops.ops import sparse_mla_prefill as m
+from strictops.meta.sparse_mla import prefill as contract
+from strictops.ops.sparse_mla import prefill as m
 
 SHAPES = [
     (4096, 8192, 128, 576, 2048),
@@ -85,7 +85,7 @@ ABLATIONS = {
     # the consumers do not wait for each other's row sums at the end of a tile
     "abl_no_l_wait": ([("    mbarrier.wait(l_bar, phase)", "    pass")], {}),
 }
-# Block-pair variants: tuning overrides of strictops.ops._sparse_mla_hopper.TUNING (persistent
+# Block-pair variants: tuning overrides of strictops.ops.sparse_mla.gluon_block_pair.TUNING (persistent
 # CTAs, early transposes, 232/40 registers).
 ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "producer_regs": 56}
 VARIANTS = {
@@ -121,7 +121,7 @@ EXTRA_SHAPES = [
 def _ablated(name: str):
     """A copy of the kernel module with ``ABLATIONS[name]`` applied, imported from a file."""
     import importlib.util
-    from strictops.ops import _sparse_mla_hopper as hopper
+    from strictops.ops.sparse_mla import gluon_block_pair as hopper
     source = Path(hopper.__file__).read_text()
     for old, new in ABLATIONS[name][0]:
         assert old in source, (name, old)
@@ -152,8 +152,8 @@ class _Original:
 
 def kernels(names=None, build_only=False) -> dict:
     """name -> (module, tuning) of the variants in ``names`` (every one for ``None``)."""
-    from strictops.ops import _sparse_mla_gluon as old
-    from strictops.ops import _sparse_mla_hopper as hopper
+    from strictops.ops.sparse_mla import gluon_shared_s as old
+    from strictops.ops.sparse_mla import gluon_block_pair as hopper
     found = {}
     for name in names or ["old", "cutlass", *VARIANTS, *ABLATIONS]:
         if name == "old":

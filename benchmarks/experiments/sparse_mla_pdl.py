@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from strictops.meta import sparse_mla_prefill as smp
-from strictops.ops import sparse_mla_prefill as sparse
+from strictops.meta.sparse_mla import prefill as smp
+from strictops.ops.sparse_mla import prefill as sparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _harness import anchor_module, wall_us  # noqa: E402

@@ -16,7 +16,7 @@ valid call, otherwise the one contract rule the near miss breaks. A valid call t
 ``ValueError`` with that rule's message (``call.expected_error(args, kwargs)``), in eager mode
 and while tracing. :func:`failures` checks both for any function with the op's signature.
 
-Every call is generated from the op's contract (``strictops.meta.<stem>``): its ``Dims``,
+Every call is generated from the op's contract (``strictops.meta.<family>.<module>``): its ``Dims``,
 ``valid_spec`` and ``NEAR_MISSES``, so the strategies cover exactly the input space the contract
 declares. Near misses that name a device this machine cannot build (a second GPU where CUDA is
 real and there is one) are not drawn, nor, unless asked for, those of rules that read tensor
@@ -31,7 +31,7 @@ is found automatically; adding an op adds a module and edits nothing else here. 
 ``OP``
     The public function's name in ``strictops.ops``.
 ``contract``
-    The op's contract module (``strictops.meta.<stem>``), with ``CONTRACT``, ``Dims``,
+    The op's contract module (``strictops.meta.<family>.<module>``), with ``CONTRACT``, ``Dims``,
     ``valid_spec(dims) -> {argument: TensorSpec | value}`` in the function's argument order,
     ``NEAR_MISSES`` (rule -> function breaking exactly that rule of a valid spec) and, if the
     function has keyword-only arguments, ``KEYWORD_ONLY`` (their names: ``build()`` passes
@@ -49,8 +49,8 @@ from types import ModuleType
 
 from hypothesis import strategies as st
 
-from .._specs import buildable_here
-from .._calls import Call, build_symbolic, error_chain, failures, fake_mode
+from strictops.meta._specs import buildable_here
+from strictops.meta._calls import Call, build_symbolic, error_chain, failures, fake_mode
 
 
 def _discover() -> dict[str, ModuleType]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from .. import conv_window_scatter as contract
-from . import mamba_state_scatter
+from strictops.meta.mamba import conv_window_scatter as contract
+from strictops.meta.strategies import mamba_state_scatter
 
 OP = contract.OP_NAME
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int8)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from .. import conv_window_scatter_multi as contract
-from . import conv_window_scatter, mamba_state_scatter
+from strictops.meta.mamba import conv_window_scatter_multi as contract
+from strictops.meta.strategies import conv_window_scatter, mamba_state_scatter
 
 OP = contract.OP_NAME
 

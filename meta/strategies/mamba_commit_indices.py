@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from .. import mamba_commit_indices as contract
+from strictops.meta.mamba import commit_indices as contract
 
 OP = contract.OP_NAME
 I64_MAX, I64_MIN = 2**63 - 1, -(2**63)

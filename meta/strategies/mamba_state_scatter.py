@@ -7,7 +7,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from .. import mamba_state_scatter as contract
+from strictops.meta.mamba import state_scatter as contract
 
 OP = contract.OP_NAME
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)

@@ -7,7 +7,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from .. import mamba_track_states as contract
+from strictops.meta.mamba import track_states as contract
 
 OP = contract.OP_NAME
 I32_MAX, I32_MIN = 2**31 - 1, -(2**31)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from .. import sparse_mla_prefill as contract
+from strictops.meta.sparse_mla import prefill as contract
 
 OP = contract.OP_NAME
 

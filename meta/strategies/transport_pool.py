@@ -7,7 +7,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from .. import transport_pool as contract
+from strictops.meta.transport import pool as contract
 
 OP = contract.OP_NAME
 SRC_DTYPES = (torch.uint8, torch.bool, torch.bfloat16, torch.float32, torch.int64)
@@ -47,7 +47,7 @@ def src_nbytes(d: contract.Dims) -> int:
 @st.composite
 def lease(draw, d: contract.Dims) -> contract.Lease:
     """Lease values for a call with dims ``d``: a fitting lease, or one broken in one or two
-    ways, each just past one bound of :func:`~strictops.meta.transport_pool.lease_fits`
+    ways, each just past one bound of :func:`~strictops.meta.transport.pool.lease_fits`
     (misaligned, in the control words, past the range or the pool, longer than the source,
     a slot that does not exist, an ack word for the ready word, generation 0 / 2**31) or one
     field set to any int64."""

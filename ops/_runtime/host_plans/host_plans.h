@@ -1,4 +1,4 @@
-// What the files of the extension strictops.ops._host_plans share; private to them.
+// What the files of the extension strictops.ops._runtime._host_plans share; private to them.
 // module.cpp says what the extension does. One concern a file:
 //   state.cpp   the module state configure() sets, the guards and the gate
 //   driver.cpp  the CUDA driver entry points

@@ -24,7 +24,7 @@
 //      1-D slice of one whose start and length are per-call integers).
 //
 // Plans are made by the Python side after the same call succeeded through the op's full
-// Python path (strictops.ops._host_path); these files hold no rule of any contract.
+// Python path (strictops.ops._runtime.host_path); these files hold no rule of any contract.
 //
 // The files of this folder, one concern each, are listed in host_plans.h; this one holds the
 // PlanCache type and the module, and includes the others.
@@ -175,7 +175,7 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_host_plans",
                                         -1, module_methods};
 
 PyMODINIT_FUNC PyInit__host_plans(void) {
-  PlanCacheType.tp_name = "strictops.ops._host_plans.PlanCache";
+  PlanCacheType.tp_name = "strictops.ops._runtime._host_plans.PlanCache";
   PlanCacheType.tp_basicsize = sizeof(PlanCacheObject);
   PlanCacheType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
   PlanCacheType.tp_vectorcall_offset = offsetof(PlanCacheObject, call);

@@ -1,4 +1,4 @@
-// Building plans from their Python description (see strictops.ops._host_path).
+// Building plans from their Python description (see strictops.ops._runtime.host_path).
 
 #include "host_plans.h"
 

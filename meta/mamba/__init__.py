@@ -1,0 +1,1 @@
+"""The contracts of the Mamba family (:mod:`strictops.ops.mamba`)."""

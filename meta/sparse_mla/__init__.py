@@ -1,0 +1,1 @@
+"""The contract of sparse MLA prefill (:mod:`strictops.ops.sparse_mla`)."""

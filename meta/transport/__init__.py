@@ -1,0 +1,1 @@
+"""The transport pool's layout, lease format and contract (:mod:`strictops.ops.transport`)."""
