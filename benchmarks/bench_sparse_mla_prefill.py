@@ -74,8 +74,8 @@ def _shared_s_launch():
     """The shared-S kernel's launch, or None (no Gluon, or not an sm_90 GPU)."""
     if m._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
         return None
-    from strictops.ops.sparse_mla import gluon_shared_s as _sparse_mla_gluon
-    return _sparse_mla_gluon.launch
+    from strictops.ops.sparse_mla import gluon_shared_s
+    return gluon_shared_s.launch
 
 
 def _launch_triton(args: dict, out: tuple):

@@ -908,8 +908,8 @@ def _block_pair():
     """``strictops.ops.sparse_mla.gluon_block_pair``; the test is skipped without Gluon or sm_90."""
     if op._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the block-pair kernel needs Gluon and an sm_90 GPU")
-    from strictops.ops.sparse_mla import gluon_block_pair as _sparse_mla_hopper
-    return _sparse_mla_hopper
+    from strictops.ops.sparse_mla import gluon_block_pair
+    return gluon_block_pair
 
 
 def _launch_block_pair(args: dict, outputs: tuple, **tuning) -> None:
@@ -928,7 +928,7 @@ def _launch_block_pair(args: dict, outputs: tuple, **tuning) -> None:
                               "3-buffers-early", "early", "o-global", "one-tile",
                               "one-tile-early-q-async"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
-    """The block-pair kernel (``_sparse_mla_hopper``, the op's default on sm_90) on an sm_90 GPU
+    """The block-pair kernel (``gluon_block_pair``, the op's default on sm_90) on an sm_90 GPU
     with each V transpose, schedule and store of O: poisoned buffers, invalid indices, empty
     rows, partial lengths, attn_sink; within the GPU bounds of float64 (its P·V in FP8 costs
     accuracy), nothing counted."""

@@ -46,7 +46,7 @@ from strictops.ops._runtime.host_path import MISS
 from strictops.ops._runtime.launcher import Launcher
 
 # The sm_90 launch path (an older checkout: the Gluon kernel module); None without Gluon.
-ws = getattr(sparse, "_sparse_mla_sm90", getattr(sparse, "_sparse_mla_gluon", None))
+ws = getattr(sparse, "_sparse_mla_sm90", getattr(sparse, "gluon_shared_s", None))
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_eager_host_cost import host_us as bench_host_us  # noqa: E402

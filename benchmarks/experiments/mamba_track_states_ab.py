@@ -7,7 +7,7 @@ walked its items with 64-bit divisions and two reductions per item; it copied bo
 8192-element steps (a shuffle through shared memory in every fp32 chunk) at 122-124 registers
 (two of its four programs per SM resident); its rows read through the current kernel's
 ``_rows`` (the same SASS as its own copy of them). The hybrid is the previous kernel with the
-current row walk in front (``CURRENT_ROWS``). The current kernel is ``ops/mamba_track_states``
+current row walk in front (``CURRENT_ROWS``). The current kernel is ``ops/mamba/track_states``
 (docs/design/mamba_track_states.md#registers-and-residency). Model shapes as in
 ``benchmarks/bench_mamba_track_states.py``; every kernel's result is checked bit for bit
 against the reference on the first index set.

@@ -2,7 +2,7 @@
 op and sglang's original, per call in a CUDA graph of 20 back-to-back calls (L2 flushed per
 replay), at 0, 1, 8 and 64 tracked rows of 64.
 
-The variant kernel is the op's (``ops/mamba_track_states``: the same row reads, writer
+The variant kernel is the op's (``ops/mamba/track_states``: the same row reads, writer
 resolution and chunk copy, imported) with switches:
 
 - ``ENTRY``: ``"early_mask"`` (the op's: the first block's mask read is the kernel's first

@@ -20,7 +20,7 @@ timing only, first and third shapes only). Each variant is compiled first, all a
 processes of their own. ``--extra-shapes`` adds ``EXTRA_SHAPES`` to the speed rows.
 
 Without a GPU (``--build``): compiles every variant of ``strictops.ops.sparse_mla.gluon_block_pair``
-(and ``_sparse_mla_gluon``) for sm_90a with the Triton wheel's ptxas and prints registers,
+(and ``gluon_shared_s``) for sm_90a with the Triton wheel's ptxas and prints registers,
 spills, ptxas warnings, shared memory and the SASS instruction mix.
 
 On an H200: each variant against the float64 reference (both d_qk, topk_length, attn_sink in

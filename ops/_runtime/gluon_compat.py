@@ -1,7 +1,7 @@
 """The Gluon names that differ between the Tritons strictops supports (3.6 to 3.9), each
 resolved once from what the running ``triton.experimental.gluon`` has (feature detection, never
-a version string). The sm_90 sparse MLA kernels (``_sparse_mla_gluon``, ``_sparse_mla_hopper``,
-``_sparse_mla_transpose``) call these instead of the names themselves; each is the builtin of
+a version string). The sm_90 sparse MLA kernels (``gluon_shared_s``, ``gluon_block_pair``,
+``gluon_transpose``) call these instead of the names themselves; each is the builtin of
 this Triton, so a kernel compiles to what it compiled to with the name written out.
 
 - ``thread_barrier()``: the barrier of every thread of the CTA (``bar.sync``):

@@ -42,7 +42,7 @@ Three warpgroups (12 warps), one CTA per SM (184,432 / 196,720 bytes of shared m
   between row pairs (2 ``prmt`` per 8 bytes) and writes with ``stmatrix``, which puts row
   ``n``, column ``d`` of V at row ``ρ(d)``, column ``σ(n)`` of Vᵀ (bit permutations that keep
   both free of bank conflicts); P is stored with its columns in σ order and the output
-  columns of O are read in ρ order (``_sparse_mla_transpose``). Otherwise a blocked layout
+  columns of O are read in ρ order (``gluon_transpose``). Otherwise a blocked layout
   (``LDSM``, ``PRMT``, ``STS.64``) writes ``Vᵀ[d][n]``.
 - O (``O_SMEM``): each consumer writes its bf16 O [64, 256] into its own halves of the first
   two Vᵀ buffers (free from its last P·V of a tile to its next transposes) and stores whole

@@ -4,11 +4,11 @@
 here (:func:`copy_q`, :func:`tile_of`, :func:`wait_for_prior_grid`).
 
 Not the op's default on sm_90 (``strictops.ops.sparse_mla.sm90`` selects; the block-pair
-kernel of ``_sparse_mla_hopper`` runs by default): this kernel runs P·V in fp16, with about
+kernel of ``gluon_block_pair`` runs by default): this kernel runs P·V in fp16, with about
 2.6x lower ``out`` error than the block-pair kernel's FP8 P·V at about 0.6x its speed on the
 H200. It computes what the op's other kernels compute (see ``strictops.ops.sparse_mla.prefill``)
 from the same validated arguments. Importing this module needs Gluon's Hopper API (Triton 3.6 to
-3.9, the names that differ taken from :mod:`._gluon_compat`; ``ImportError`` otherwise). Why
+3.9, the names that differ taken from :mod:`strictops.ops._runtime.gluon_compat`; ``ImportError`` otherwise). Why
 this design, with what was measured and rejected:
 docs/design/sparse_mla_prefill.md#gluon-kernel-sm_90
 
@@ -456,7 +456,7 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
 def launch_kernel(kernel, constexprs_of, defaults, q, kv, indices, sm_scale, q_scale, kv_scale,
                   attn_sink, topk_length, out, max_logits, lse, topk_length_errors,
                   programs=None, extra=None, **tuning):
-    """Launch a Gluon sparse MLA ``kernel`` (this module's or ``_sparse_mla_hopper``'s: the
+    """Launch a Gluon sparse MLA ``kernel`` (this module's or ``gluon_block_pair``'s: the
     same runtime parameters, and ``extra`` ones by name) on validated CUDA tensors on an sm_90
     GPU (the caller checks both), its compile-time arguments from ``constexprs_of`` and its
     register limit from ``defaults`` (the kernel's ``TUNING``), both overridden by ``tuning``;

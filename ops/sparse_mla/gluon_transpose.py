@@ -1,4 +1,4 @@
-"""The V transpose of the block-pair sparse MLA kernel (``_sparse_mla_hopper``) by
+"""The V transpose of the block-pair sparse MLA kernel (``gluon_block_pair``) by
 ``ldmatrix.trans``, ``prmt`` and ``stmatrix``, the register relabellings that go with it, and
 the kernel's other uses of its Vᵀ buffers: a consumer's transpose of its half of a block
 (:func:`transpose_block`, by either method) and O stored through them
