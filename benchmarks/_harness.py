@@ -196,7 +196,7 @@ class Report:
                  "| " + " | ".join(columns) + " |",
                  "|" + "---|" * len(columns)]
         for r in self.rows:
-            lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |")
+            lines.append("| " + " | ".join(_fmt(cell(r, c)) for c in columns) + " |")
         if self.bars:
             lines += ["", "| bar | metric | goal | value | met |", "|---|---|---|---|---|"]
             lines += [f"| {', '.join(b['row'].values())} | {b['metric']} | {b['goal']} | "
@@ -226,7 +226,7 @@ def grouped_bars(plt, report: Report, label_key: str | Callable[[dict], str],
     width = 0.8 / len(series)
     for i, (label, key) in enumerate(series):
         ax.bar([x + i * width for x in range(len(labels))],
-               [r.get(key) or 0 for r in report.rows], width, label=label)
+               [cell(r, key) or 0 for r in report.rows], width, label=label)
     ax.set_xticks([x + (len(series) - 1) * width / 2 for x in range(len(labels))], labels,
                   fontsize=7)
     if log:
@@ -234,6 +234,17 @@ def grouped_bars(plt, report: Report, label_key: str | Callable[[dict], str],
     ax.set_ylabel(ylabel)
     ax.set_title(f"{title} on {report.env['device']}")
     return fig, ax
+
+
+def cell(row: dict, column: str):
+    """``row[column]``, where a dotted column (``"publish.graph_us"``) names a value in a
+    nested dict of the row; ``""`` where the row has none."""
+    value = row
+    for part in column.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return ""
+        value = value[part]
+    return value
 
 
 def _fmt(v) -> str:

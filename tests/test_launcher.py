@@ -281,6 +281,25 @@ def test_other_alignment_compiles_another_kernel(recording_driver):
     assert launcher((1,), aligned, (("num_warps", 4),)) is not k_aligned
 
 
+def test_load_compiles_and_loads_without_launching(recording_driver, monkeypatch):
+    """``Launcher.load`` compiles and loads a call's kernel once and launches nothing; the
+    call then loads nothing more (as a CUDA graph capture, which refuses a module load)."""
+    loads = []
+    load_binary = recording_driver.utils.load_binary
+    monkeypatch.setattr(recording_driver.utils, "load_binary",
+                        lambda *a: loads.append(a[0]) or load_binary(*a))
+    launcher = Launcher(_fresh_kernel())
+    storage = torch.zeros(128, dtype=torch.float32)
+    args, options = [storage[:64], storage[64:], None, 64, 5, 7, 0.5, True, 16, False], (
+        ("num_warps", 2),)
+    for _ in range(2):
+        launcher.load((1,), args, options)
+    assert len(loads) == 1 and not _RecordingLauncher.calls and len(launcher.loaded) == 1
+    launcher((1,), args, options)
+    launcher((1,), args, options)
+    assert len(loads) == 1 and len(_RecordingLauncher.calls) == 2
+
+
 def test_launch_hooks_take_the_jit_path(recording_driver):
     from triton import knobs
     fn = _fresh_kernel()
@@ -460,8 +479,12 @@ def test_conv_window_scatter_multi_eager_launch(recording_driver, monkeypatch, s
 
 
 @pytest.mark.parametrize("nbytes", [1000, 3 << 20])
-def test_transport_eager_launch(recording_driver, monkeypatch, nbytes):
-    """One launch up to EAGER_TWO_LAUNCHES_ABOVE (the op's own choice would be two at 3 MiB)."""
+@pytest.mark.parametrize("lease_on", ["host", "device", "device_graph"])
+def test_transport_eager_launch(recording_driver, monkeypatch, nbytes, lease_on):
+    """One launch up to EAGER_TWO_LAUNCHES_ABOVE (the op's own choice would be two at 3 MiB),
+    the lease as kernel arguments (``copy_tensor``) or read from its tensor (the graph API);
+    a call captured in a CUDA graph (``device_graph``) makes TUNING's launches, the flag's a
+    PDL."""
     from strictops.meta.transport import pool as contract
     from strictops.ops.transport import pool as tp
     monkeypatch.setattr(tp, "_LAUNCHER", Launcher(tp._publish_kernel))
@@ -470,10 +493,17 @@ def test_transport_eager_launch(recording_driver, monkeypatch, nbytes):
     pool = torch.zeros(start + nbytes + 256, dtype=torch.uint8)
     src, state = torch.zeros(nbytes, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.int32)
     lease = contract.Lease(start, start + nbytes, nbytes, 1, 7, 12, 16)
-    row = Pointer(state.data_ptr() + 8, torch.int32)
-    _eager_and_jit(lambda: tp.launch_eager(pool, src, row, 4, 2, lease),
-                   lambda: tp._launch(tp._publish_kernel, pool, src, state[1], state[1], 4, 2,
-                                      values=lease, two_launches=False))
+    if lease_on == "host":
+        row = Pointer(state.data_ptr() + 8, torch.int32)
+        _eager_and_jit(lambda: tp.launch_eager(pool, src, row, row, 4, 2, lease),
+                       lambda: tp._launch(tp._publish_kernel, pool, src, state[1], state[1], 4,
+                                          2, values=lease, two_launches=False))
+        return
+    lease_t, graph = torch.tensor(lease), lease_on == "device_graph"
+    _eager_and_jit(lambda: tp.launch_eager(pool, src, lease_t, state[1], 4, 2, graph=graph),
+                   lambda: tp._launch(tp._publish_kernel, pool, src, lease_t, state[1], 4, 2,
+                                      two_launches=None if graph else False))
+    assert len(_RecordingLauncher.calls) == (2 if graph and nbytes > 1 << 20 else 1)
 
 
 def test_mamba_track_states_eager_launch(recording_driver, monkeypatch):
@@ -910,6 +940,127 @@ def test_copy_tensor_plan_launches_what_the_python_path_launches(
     assert host.call(pool.tensor, src, 4, 2, False, state, *second) is MISS
     monkeypatch.setitem(tp.TUNING, "one_launch", {"block_bytes": 2048, "num_warps": 4})
     assert host.call(*key, state, *second) is MISS
+
+
+def _publish_on_cpu(monkeypatch, recording_driver):
+    """The graph API's eager path (``copy_and_publish``, the lease read from its tensor) on
+    CPU tensors with a fresh cached launcher and C++ path, on the recording driver: every rule
+    of the contract but ``src_cuda`` stands in for it. Returns the op module and its
+    HostPath."""
+    from strictops.meta._contract import CachedValidation, Contract
+    from strictops.meta.transport import pool as contract
+    from strictops.ops._runtime.host_path import HostPath
+    from strictops.ops.transport import pool as tp
+    stand_in = Contract(contract.CONTRACT.op, "stand_in",
+                        tuple(c for c in contract.CHECKS if c.rule != "src_cuda"))
+    validation = CachedValidation(stand_in, tp._VALIDATION.names)
+    host = HostPath(validation, writes=("pool", "state"), names=tp._HOST.names)
+    for name, value in (("_VALIDATION", validation), ("_HOST", host), ("_HOST_CALL", host.call),
+                        ("_LAUNCHER", Launcher(tp._publish_kernel))):
+        monkeypatch.setattr(tp, name, value)
+    monkeypatch.setattr(tp, "_has_pdl", lambda index: True)
+    monkeypatch.setattr(recording_driver, "get_current_device", lambda: -1)
+    return tp, host
+
+
+def _publish_inputs(nbytes: int, leases: int = 2):
+    """A pool of 4 slots and 2 consumers, a source of ``nbytes`` bytes (float32), a state and
+    ``leases`` lease tensors of one signature, each a fitting lease of another slot."""
+    from strictops.meta.transport import pool as contract
+    start, stride = contract.data_start(4, 2), contract.slot_bytes(2)
+    pool = torch.zeros(start + 2 * nbytes + 512, dtype=torch.uint8)
+    lease_tensors = [torch.tensor(contract.Lease(start, start + nbytes + 256, nbytes, k,
+                                                 7 + k, k * stride, k * stride + 4))
+                     for k in range(leases)]
+    return pool, torch.zeros(nbytes // 4), lease_tensors, torch.zeros(2, dtype=torch.int32)
+
+
+@_needs_host_path
+def test_publish_plan_launches_what_the_python_path_launches(recording_driver, host_recorder,
+                                                             monkeypatch):
+    """``copy_and_publish`` with its lease on the device (``TransportPool.publish``): the
+    Python path plans the signature, the placement keyed as its scope; the plan launches
+    what the Python path launches, parameter by parameter (another lease tensor's address),
+    and bumps the pool's and the state's versions as the Python path does. A placement the
+    contract refuses has no plan (the contract's error), another scope its own plan; a
+    tuning change, or a call while a CUDA graph is captured, takes the Python path."""
+    from strictops.meta.transport import pool as contract
+    tp, host = _publish_on_cpu(monkeypatch, recording_driver)
+    pool, src, (first, second), state = _publish_inputs(4000)  # one launch, a partial block
+    versions = (pool._version, state._version)
+    tp.copy_and_publish(pool, src, first, state, 4, 2)  # the Python path: it plans
+    assert not host_recorder and len(host.cache) == 1
+    tp.copy_and_publish(pool, src, second, state, 4, 2)  # the plan
+    assert len(host_recorder) == 1
+    assert (pool._version, state._version) == (versions[0] + 2, versions[1] + 2)
+    # What the Python path launches for the second lease, parameter by parameter.
+    tp.launch_eager(pool, src, second, state, 4, 2)
+    python_launch = _RecordingLauncher.calls[-1]
+    kernel = next(iter(tp._LAUNCHER.prepared.values())).kernel
+    assert host_recorder[0][:2] == (_launched(python_launch).function,
+                                    _launched(python_launch).grid)
+    planned = _params(host_recorder[0], kernel.src.signature)
+    assert planned == _triton_params(python_launch, kernel.src.signature)
+    assert second.data_ptr() in planned and first.data_ptr() not in planned
+    # An unknown placement: no plan (its key is None), the contract's error.
+    key = (pool, src, second, state, 4, 2)
+    assert host.call(*key, None) is tp.MISS
+    expected = contract.CONTRACT.expected_error("consumers_known", pool=pool, src=src,
+                                                lease=second, state=state,
+                                                max_inflight_slices=4, consumer_count=2,
+                                                consumers="other_gpus")
+    with pytest.raises(ValueError) as info:
+        tp.copy_and_publish(*key, "other_gpus")
+    assert (type(info.value), str(info.value)) == expected and len(host_recorder) == 1
+    # The other placement: its own plan (GPU scope).
+    for _ in range(2):
+        tp.copy_and_publish(*key, "same_device")
+    assert len(host.cache) == 2 and len(host_recorder) == 2
+    assert host.call(*key, False) is None and len(host_recorder) == 3
+    # While a CUDA graph is captured: the Python path (TUNING's launches, no plan).
+    monkeypatch.setattr(tp, "stream_capturing", lambda: True)
+    calls = len(_RecordingLauncher.calls)
+    tp.copy_and_publish(*key)
+    assert len(host_recorder) == 3 and len(_RecordingLauncher.calls) == calls + 1
+    monkeypatch.setattr(tp, "stream_capturing", lambda: False)
+    # Another tuning: the plan no longer serves.
+    monkeypatch.setitem(tp.TUNING, "one_launch", {"block_bytes": 2048, "num_warps": 4})
+    assert host.call(*key, True) is tp.MISS
+
+
+@_needs_host_path
+def test_publish_loads_the_launches_of_a_graph_before_its_capture(recording_driver,
+                                                                  host_recorder, monkeypatch):
+    """At 3 MiB an eager publish makes one launch (planned) and a CUDA graph captured from it
+    two (TUNING's): the eager call compiles and loads those two, so the capture compiles and
+    loads nothing (a capture refuses a module load), and launches what ``kernel[grid]``
+    launches."""
+    from collections import defaultdict
+    tp, host = _publish_on_cpu(monkeypatch, recording_driver)
+    fn = tp._publish_kernel  # compiled kernels of this test's own
+    monkeypatch.setattr(fn, "device_caches", defaultdict(fn.create_binder))
+    loads = []
+    load_binary = recording_driver.utils.load_binary
+    monkeypatch.setattr(recording_driver.utils, "load_binary",
+                        lambda *a: loads.append(a[0]) or load_binary(*a))
+    pool, src, (lease, _), state = _publish_inputs(3 << 20)
+    tp.copy_and_publish(pool, src, lease, state, 4, 2)
+    assert len(_RecordingLauncher.calls) == 1 and len(host.cache) == 1
+    assert len(loads) == 3 and len(fn.device_caches[-1][0]) == 3  # the eager kernel, two more
+    monkeypatch.setattr(tp, "stream_capturing", lambda: True)
+    _RecordingLauncher.calls.clear()
+    tp.copy_and_publish(pool, src, lease, state, 4, 2)
+    captured = list(_RecordingLauncher.calls)
+    assert len(captured) == 2 and not host_recorder
+    assert len(loads) == 3 and len(fn.device_caches[-1][0]) == 3
+    _RecordingLauncher.calls.clear()
+    tp._launch(fn, pool, src, lease, state, 4, 2)
+    for mine, reference in zip(captured, _RecordingLauncher.calls, strict=True):
+        mine, reference = _launched(mine), _launched(reference)  # each through JITFunction.run
+        assert mine._replace(args=None, hooks=None) == reference._replace(args=None, hooks=None)
+        assert [a.data_ptr() if isinstance(a, Pointer) else a for a in _as_launched(mine.args)
+                ] == list(_as_launched(reference.args))
+    assert _launched(captured[1]).pdl
 
 
 def _conv_inputs(multi_pairs: bool):

@@ -2,17 +2,21 @@
 
 CPU (CI): every contract message on fake CUDA tensors and every runtime message, pinned with
 expecttest; near misses raise the same error on the eager path (concrete sizes) and the fake
-path (symbolic sizes); the kernel under the Triton interpreter equals the reference for any lease
-values (nothing written outside a fitting lease, a refused lease counted); the flag's release
-scope for each consumer placement in sm_90 PTX. GPU (``-m gpu``): the pool's publish, wait,
-acknowledge and recycle on one device, a full pool that recovers, and one producer with two
-consumer processes over CUDA IPC (``tests/gpu_transport_ipc.py``): both on the pool's GPU, and
-(``-m multi_gpu``) one of them on a second GPU.
+path (symbolic sizes), and each rule's error on the plain eager path (the dispatcher skipped,
+the verdict cached), on fake and on real CPU tensors; the kernel under the Triton interpreter
+equals the reference for any lease values (nothing written outside a fitting lease, a refused
+lease counted); the flag's release scope for each consumer placement in sm_90 PTX. GPU
+(``-m gpu``): eager publishes served by the C++ path, then a CUDA graph of the same call
+replayed into new leases; the pool's publish, wait, acknowledge and recycle on one device, a
+full pool that recovers, and one producer with two consumer processes over CUDA IPC
+(``tests/gpu_transport_ipc.py``): both on the pool's GPU, and (``-m multi_gpu``) one of them
+on a second GPU.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import os
 import sys
@@ -45,6 +49,7 @@ from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops.transport import pool as op
 from strictops.ops.transport import leases
 from strictops.ops.transport import cuda_stream as _cuda_stream
+from strictops.ops._runtime import host_path
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DIMS = contract.Dims(memory_size=1000, max_inflight_slices=7, consumer_count=2,
@@ -194,6 +199,94 @@ CUDA IPC cannot transport an empty tensor""")
 def test_valid_calls_pass_the_contract(dims):
     with fake_mode():
         contract.validate(**build(contract.valid_spec(dims)))
+
+
+# --------------------------------------------------------------------------------------------
+# The eager path's errors: the dispatcher skipped, the contract's verdict cached per signature
+
+
+def _no_launch(*args, **kwargs):
+    raise AssertionError("a call the contract refuses reached the launcher")
+
+
+@pytest.mark.parametrize("rule", contract.CONTRACT.rules)
+def test_eager_path_raises_each_rule_as_the_contract(monkeypatch, rule):
+    """The plain eager path (``_eager``: the cached verdict, then the cached launch), on the
+    near miss of ``rule`` (fake CUDA tensors) after the valid call's signature has passed,
+    raises the rule's error as the contract and the dispatcher path do, on every call (a
+    failure is never cached), and launches nothing."""
+    monkeypatch.setattr(op, "_LAUNCHER", _no_launch)
+    spec = contract.valid_spec(DIMS)
+    with fake_mode():
+        valid = build(spec)
+        op._VALIDATION(*(valid[name] for name in op._VALIDATION.names))
+        args = build(contract.NEAR_MISSES[rule](spec))
+        if contract.CONTRACT.broken_rule(**args) != rule:
+            pytest.skip("the near miss names a GPU this machine lacks")
+        expected = contract.CONTRACT.expected_error(rule, **args)
+        for call in (op._eager, op._eager, copy_and_publish):  # the last: the dispatcher's
+            err = raised(call, **args)
+            assert (type(err), str(err)) == expected
+
+
+def test_plain_eager_call_on_cpu_tensors_raises_the_contract_error(monkeypatch):
+    """Real CPU tensors in plain eager mode: the public call takes the eager path (no plan
+    serves it) and raises the contract's first rule, as the dispatcher path does."""
+    eager, calls = op._eager, []
+    monkeypatch.setattr(op, "_eager", lambda *args: calls.append(args) or eager(*args))
+    args = build(contract.valid_spec(dataclasses.replace(DIMS, device="cpu")))
+    for _ in range(2):
+        err = raised(copy_and_publish, **args)
+        assert (type(err), str(err)) == (ValueError, "copy_and_publish requires a CUDA tensor")
+    assert len(calls) == 2
+    err = raised(torch.ops.strictops.copy_and_publish, **args)
+    assert (type(err), str(err)) == (ValueError, "copy_and_publish requires a CUDA tensor")
+
+
+class _StandInLauncher:
+    """Records eager launches; offers no compiled kernel, so no C++ plan is made."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __call__(self, grid, args, options, device):
+        self.launches.append(args)
+
+    def prepared_for(self, args, options, device):
+        return None
+
+
+# The rules a near miss breaks on real CPU tensors (the others name a CUDA device).
+CPU_RULES = [r for r in contract.CONTRACT.rules
+             if r not in ("src_cuda", "same_device", "lease_device", "state_device")]
+
+
+@pytest.mark.parametrize("rule", CPU_RULES)
+def test_plain_eager_call_after_a_cached_verdict_raises_the_contract_error(monkeypatch, rule):
+    """Real CPU tensors, the contract without its CUDA rule standing in for it: a valid call
+    passes and launches, the next is served by the cached verdict, and then the near miss of
+    ``rule`` raises the contract's error through the public call's plain eager path, launching
+    nothing."""
+    from strictops.meta._contract import CachedValidation, Contract
+    from strictops.ops._runtime.host_path import HostPath
+    stand_in = Contract(contract.CONTRACT.op, "stand_in",
+                        tuple(c for c in contract.CHECKS if c.rule != "src_cuda"))
+    validation = CachedValidation(stand_in, op._VALIDATION.names)
+    host = HostPath(validation, writes=("pool", "state"), names=op._HOST.names)
+    launcher = _StandInLauncher()
+    for name, value in (("_VALIDATION", validation), ("_HOST", host), ("_HOST_CALL", host.call),
+                        ("_LAUNCHER", launcher)):
+        monkeypatch.setattr(op, name, value)
+    spec = contract.valid_spec(dataclasses.replace(DIMS, device="cpu"))
+    valid = build(spec)
+    for _ in range(2):
+        copy_and_publish(**valid)
+    assert len(launcher.launches) == 2 and len(validation.passed) == 1
+    args = build(contract.NEAR_MISSES[rule](spec))
+    assert stand_in.broken_rule(**args) == rule
+    err = raised(copy_and_publish, **args)
+    assert (type(err), str(err)) == contract.CONTRACT.expected_error(rule, **args)
+    assert len(launcher.launches) == 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,7 +522,8 @@ def test_eager_launcher_passes_the_flag_scope(monkeypatch, consumers, nbytes):
     pool = torch.zeros(4096, dtype=torch.uint8)
     src = torch.zeros(nbytes, dtype=torch.uint8)
     lease = contract.Lease(512, 1536, 1000, 2, 77, 24, 28)
-    op.launch_eager(pool, src, op.new_state("cpu"), 3, 2, lease, consumers)
+    state = op.new_state("cpu")
+    op.launch_eager(pool, src, state, state, 3, 2, lease, consumers)
     assert len(launches) == (1 if nbytes == 1000 else 2)
     assert _KERNEL_PARAMS[-1] == "SYSTEM"
     assert all(args[-1] is contract.system_scope(consumers) for args in launches)
@@ -562,6 +656,57 @@ def test_gpu_op_equals_reference_for_any_lease(data):
     pool, state = op.reference(**args)
     copy_and_publish(**args)
     assert torch.equal(args["pool"], pool) and torch.equal(args["state"], state)
+
+
+@gpu
+@pytest.mark.parametrize("nbytes", [1000, 64 << 10, (3 << 20) + 16])
+def test_gpu_publish_eager_plan_then_graph_replays(monkeypatch, nbytes):
+    """``pool.publish`` eagerly into a new lease tensor each call: the Python path serves the
+    first call and plans its signature, the C++ path every later one; each publish writes
+    what the reference writes. Then a CUDA graph captured from the same call (at 3 MiB two
+    launches, one eagerly; the eager call loaded them) replays into new leases correctly,
+    and a bad lease on the planned signature still raises the contract's error."""
+    eager, python_calls = op._eager, []
+    monkeypatch.setattr(op, "_eager", lambda *a: python_calls.append(a[-1]) or eager(*a))
+    pool = _pool(memory_size=contract.data_start(16, 1) + 4 * nbytes + (1 << 16),
+                 consumer_count=1)
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(nbytes)
+        src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda", generator=gen)
+        state = op.new_state("cuda")
+
+        def publish_checked(publish, lease_t, lease):
+            src.random_(0, 256, generator=gen)
+            pool_after, state_after = op.reference(pool.tensor, src, lease_t, state, 16, 1)
+            publish()
+            torch.cuda.synchronize()
+            assert torch.equal(pool.tensor, pool_after) and torch.equal(state, state_after)
+            ready = pool.tensor[lease.ready_byte_offset:lease.ready_byte_offset + 4]
+            assert int(ready.view(torch.int32)) == lease.generation
+            pool.release(lease)
+
+        for _ in range(4):
+            lease = pool.lease(nbytes)
+            lease_t = torch.tensor(lease, device="cuda")
+            publish_checked(lambda: pool.publish(src, lease_t, state), lease_t, lease)
+        if host_path.available():  # the first call; the C++ path served the others
+            assert python_calls == [False]
+            assert op._HOST.known(pool.tensor, src, lease_t, state, 16, 1, True) is True
+        del python_calls[:]
+        graph_lease = torch.zeros_like(lease_t)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            pool.publish(src, graph_lease, state)
+        assert python_calls == [True]  # captured through the Python path
+        for _ in range(3):
+            lease = pool.lease(nbytes)
+            graph_lease.copy_(torch.tensor(lease))
+            publish_checked(graph.replay, graph_lease, lease)
+        assert int(state[contract.ERRORS]) == 0
+        with pytest.raises(ValueError, match="lease must be int64 with shape"):
+            pool.publish(src, graph_lease.int(), state)
+    finally:
+        pool.shutdown()
 
 
 @gpu

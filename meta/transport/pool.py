@@ -106,6 +106,12 @@ def lease_fits(lease: Sequence[int], memory_size: int, max_inflight_slices: int,
             and 0 < generation <= MAX_GENERATION)
 
 
+def known_placement(consumers) -> bool:
+    """Whether ``consumers`` names a placement of ``CONSUMER_PLACES`` (the ``consumers_known``
+    rule)."""
+    return consumers in CONSUMER_PLACES
+
+
 def _src_nbytes(src):
     return src.numel() * src.element_size()
 
@@ -218,7 +224,7 @@ CHECKS = (
     *_descriptor_checks("state", torch.int32, STATE_WORDS),
     Check(
         "consumers_known",
-        lambda a: a.consumers in CONSUMER_PLACES,
+        lambda a: known_placement(a.consumers),
         lambda consumers, name=OP_NAME, **_: (
             f"{name} consumers must be one of {CONSUMER_PLACES}, got {consumers!r}"
         ),

@@ -11,8 +11,9 @@ torch-function mode (``FakeTensorMode``, ``FunctionalTensorMode``, proxy tracing
 transforms, tensor subclasses, and autograd on the inputs (so that the usual in-place rules
 apply).
 
-Also the eager launch path's device helpers: the device to launch on (:func:`on_device_of`) and
-its compute capability, asked once per device (:func:`device_capability`).
+Also the eager launch path's device helpers: the device to launch on (:func:`on_device_of`),
+its compute capability, asked once per device (:func:`device_capability`), and whether the
+current stream captures a CUDA graph (:func:`stream_capturing`).
 """
 
 from __future__ import annotations
@@ -51,3 +52,13 @@ def device_capability(device_index: int) -> tuple[int, int]:
     """CUDA device ``device_index``'s compute capability, asked once per device: eager calls
     that pick a kernel or a launch mode by it ask on every call."""
     return torch.cuda.get_device_capability(device_index)
+
+
+_IS_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def stream_capturing() -> bool:
+    """Whether the current CUDA stream captures a CUDA graph (False before CUDA is initialised,
+    and in a build without CUDA): an eager call whose launch choice differs between graphs and
+    eager calls asks it."""
+    return _IS_CAPTURING is not None and torch.cuda.is_initialized() and _IS_CAPTURING()

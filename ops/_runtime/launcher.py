@@ -155,6 +155,7 @@ class Launcher:
         self.constexpr = tuple(p.is_constexpr for p in fn.params)
         self.arguments = _arguments_function(self.constexpr)
         self.prepared: dict[tuple, _Prepared] = {}
+        self.loaded: set = set()  # keys compiled and loaded by load(), not yet launched
         self._device = None
         self._stream = None
 
@@ -179,6 +180,24 @@ class Launcher:
         except TypeError:
             return None
         return None if prepared is None or not prepared.c_parameters else prepared
+
+    def load(self, grid: Sequence[int], args: Sequence[Any], options: tuple = (),
+             device: int | None = None) -> None:
+        """Compile and load the kernel that ``self(grid, args, options, device)`` would launch,
+        without launching it: a later call, such as one captured in a CUDA graph (a capture
+        refuses a module load), then compiles and loads nothing."""
+        if device is not None and device != self._current_device():
+            with torch.cuda.device(device):
+                return self.load(grid, args, options)
+        key = self.key(args, options)
+        if key is not None and (key in self.prepared or key in self.loaded):
+            return
+        kernel = self.fn.run(*args, grid=grid, warmup=True, **dict(options))
+        if hasattr(kernel, "result"):  # an asynchronous compile
+            kernel = kernel.result()
+        kernel.run  # noqa: B018 - a compiled kernel loads its module on first use
+        if key is not None:
+            self.loaded.add(key)
 
     def _current_device(self) -> int:
         if self._device is None:

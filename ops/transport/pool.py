@@ -28,7 +28,8 @@ cheaper. Only the flag needs the wider scope: a release is cumulative, so it ord
 write that precedes it, including the other programs' bytes that the GPU-scope arrivals made
 visible to the flag's program (``docs/design/transport_pool.md``).
 
-Above 1 MiB the same kernel runs as two launches instead: the copy of every whole block, with
+Above 1 MiB (in a CUDA graph or a trace; above 16 MiB in a plain eager call, whose host time
+is the publish's) the same kernel runs as two launches instead: the copy of every whole block, with
 no counter and no mask, then one program that copies the partial last block (if any) and
 writes the flag (a release of the consumers' scope after a CTA barrier, as above); the stream
 orders the copy kernel before it. On sm_90+ that program is a programmatic dependent launch:
@@ -50,7 +51,8 @@ pool, and ``state[ERRORS]`` is incremented for the host to read when it likes.
 
 Registration: ``torch.library.triton_op``, whose body runs the contract and launches through
 ``wrap_triton``: the same body is the fake, so ``torch.compile``/``torch.export`` fail at trace
-time with the eager message, and Inductor sees the Triton launch.
+time with the eager message, and Inductor sees the Triton launch. A plain eager call skips the
+dispatcher, its contract's verdict cached, and a signature served before runs in C++.
 
 Why each tuning and code-shape choice, with the measurements: ``docs/design/transport_pool.md``.
 """
@@ -66,7 +68,7 @@ from torch.library import triton_op, wrap_triton
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from strictops.meta.transport import pool as contract
-from strictops.meta._contract import hint
+from strictops.meta._contract import CachedValidation, hint
 from strictops.meta.transport.pool import (
     ARRIVALS,
     DATA_ALIGNMENT,
@@ -80,7 +82,9 @@ from strictops.meta.transport.pool import (
     lease_fits,
 )
 
-from strictops.ops._runtime.dispatch import can_skip_dispatcher, device_capability, on_device_of
+from strictops.ops._runtime.dispatch import (can_skip_dispatcher, device_capability,
+                                             on_device_of, stream_capturing)
+from strictops.ops._runtime.host_path import MISS, HostPath
 from strictops.ops._runtime.interpret import interpreted
 from strictops.ops._runtime.launcher import Launcher, Pointer, keyword_constexprs
 
@@ -411,32 +415,65 @@ def _launches(kernel, pool, src_bytes, src_nbytes, lease, state, max_inflight_sl
             ((1,), (*head, PHASE_FLAG, *tail), flag_options)]
 
 
-# The eager publish of a lease given on the host (the pool's copy_tensor): the launches of
-# _launch, prepared once per specialisation by the cached launcher
-# (strictops.ops._runtime.launcher).
+# The eager path (the dispatcher skipped; also the pool's copy_tensor, its lease on the host):
+# the verdict cached per signature, launches prepared once per specialisation by the cached
+# launcher, and a C++ plan per signature (docs/design/eager_host_cost.md).
 _LAUNCHER = Launcher(_publish_kernel)
 # Eagerly the host, not the GPU, bounds a publish up to here, and each launch costs it about
 # 13 us on the H200 machine (two launches: 39 us at 2 MiB): one launch up to 16 MiB, where
-# the copy itself takes about 8 us (docs/design/eager_host_cost.md); two above, as graphs.
+# the copy itself takes about 8 us; two above, as graphs.
 EAGER_TWO_LAUNCHES_ABOVE = 16 << 20
+_VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS[:-1])  # name: the default
+_HOST = HostPath(_VALIDATION, writes=("pool", "state"),
+                 names=(*_VALIDATION.names[:-1], "system"))  # consumers: _plan_scope's key
+_HOST_CALL = _HOST.call
+_SETTINGS = ((globals(), "TUNING"), (globals(), "EAGER_TWO_LAUNCHES_ABOVE"))
+_SOURCE_PARAMETER = {_publish_kernel.arg_names.index("src_ptr"): "src"}  # a Pointer, no view
 
 
-def launch_eager(pool, src, state, max_inflight_slices, consumer_count, values,
-                 consumers=contract.PEERS) -> list:
-    """``_launch(_publish_kernel, pool, src, state, state, ..., values=values, consumers=...)``
-    through the cached launcher, on ``pool``'s device, in one launch up to
-    ``EAGER_TWO_LAUNCHES_ABOVE`` bytes: the source is passed as a uint8 pointer, not a view.
-    For validated CUDA tensors only. Returns the launches (``(grid, kernel parameters,
-    options)``)."""
-    src_bytes = Pointer(src.data_ptr(), torch.uint8)
-    device = pool.get_device()
-    nbytes = src.nbytes
-    launches = _launches(_publish_kernel, pool, src_bytes, nbytes, state, state,
-                         max_inflight_slices, consumer_count, values,
-                         nbytes > EAGER_TWO_LAUNCHES_ABOVE, consumers)
+def _plan_scope(consumers) -> Optional[bool]:
+    """``consumers`` as a plan's key (a str has none): its scope if the contract knows it."""
+    known = consumers.__class__ is str and contract.known_placement(consumers)
+    return contract.system_scope(consumers) if known else None
+
+
+def launch_eager(pool, src, lease, state, max_inflight_slices, consumer_count, values=None,
+                 consumers=contract.PEERS, graph=False) -> list:
+    """``_launch(_publish_kernel, ...)`` through the cached launcher on ``pool``'s device, in
+    one launch up to ``EAGER_TWO_LAUNCHES_ABOVE`` bytes, or as ``TUNING`` chooses for a call
+    captured in a CUDA graph (``graph``); ``values``: the lease's fields on the host, as kernel
+    arguments (``lease`` unread), else the kernel reads ``lease``. The source goes as a uint8
+    pointer. Validated CUDA tensors only. Returns ``(grid, parameters, options)`` per launch."""
+    nbytes, device = src.nbytes, pool.get_device()
+    launches = _launches(_publish_kernel, pool, Pointer(src.data_ptr(), torch.uint8), nbytes,
+                         lease, state, max_inflight_slices, consumer_count, values,
+                         None if graph else nbytes > EAGER_TWO_LAUNCHES_ABOVE, consumers)
     for grid, args, options in launches:
         _LAUNCHER(grid, args, options, device)
     return launches
+
+
+def _eager(pool, src, lease, state, max_inflight_slices, consumer_count, consumers,
+           capturing=False) -> None:
+    """A plain eager call (``capturing``: into a CUDA graph): the cached verdict, then
+    :func:`launch_eager`; outside capture, one launch leaves the plan of its signature, and
+    the launches a CUDA graph captured from the call would make are loaded."""
+    args = (pool, src, lease, state, max_inflight_slices, consumer_count, consumers)
+    _VALIDATION(*args)
+    launches = launch_eager(pool, src, lease, state, max_inflight_slices, consumer_count,
+                            consumers=consumers, graph=capturing)
+    if capturing or len(launches) != 1:
+        return
+    (grid, kernel_args, options), = launches
+    device = pool.get_device()
+    _HOST.register((*args[:-1], _plan_scope(consumers)), _LAUNCHER, grid, kernel_args, options,
+                   device, settings=_SETTINGS, named=_SOURCE_PARAMETER, validated=args)
+    if src.nbytes > TUNING["two_launches_above"]:
+        # A graph captured from this call makes two launches: compiled and loaded now, since
+        # a capture refuses a module load.
+        for launch in _launches(_publish_kernel, pool, kernel_args[1], src.nbytes, lease, state,
+                                max_inflight_slices, consumer_count, None, None, consumers):
+            _LAUNCHER.load(*launch, device)
 
 
 def _pdl_launch(kernel, pool: torch.Tensor, wanted: bool) -> bool:
@@ -487,8 +524,9 @@ def copy_and_publish(
     consumers: str = contract.PEERS,
 ) -> None:
     """Copy ``src``'s first ``nbytes`` bytes into the lease's range of ``pool``, then write
-    the lease's generation into its ready word; one launch (two above 1 MiB), no host sync,
-    capturable.
+    the lease's generation into its ready word; no host sync, capturable. One launch, two
+    above 1 MiB in a CUDA graph or a trace; a plain eager call outside capture makes one up to
+    ``EAGER_TWO_LAUNCHES_ABOVE`` (16 MiB), where the host's time is the publish's.
 
     Parameters
     ----------
@@ -518,13 +556,22 @@ def copy_and_publish(
 
     if the lease fits (``lease_fits``); otherwise nothing is written to ``pool`` and
     ``state[1] += 1``. Bad metadata raises ``ValueError`` before launch in eager mode and at
-    trace time under ``torch.compile``/``torch.export``.
+    trace time under ``torch.compile``/``torch.export``. In plain eager mode the call skips
+    the dispatcher (``strictops.ops._runtime.dispatch``), and a signature served before runs
+    from its C++ plan; ``torch.ops.strictops.copy_and_publish`` is the same op through it.
     """
-    if can_skip_dispatcher(pool, src, lease, state):
-        _validate_and_launch(_publish_kernel, pool, src, lease, state, max_inflight_slices,
-                             consumer_count, consumers)
-        torch.autograd.graph.increment_version((pool, state))  # as the dispatcher does
-        return
+    if not torch.compiler.is_compiling():
+        capturing = stream_capturing()
+        # The C++ path, for a signature served before (while capturing, the Python path makes
+        # TUNING's launches, which the eager plan may not).
+        if not capturing and _HOST_CALL(pool, src, lease, state, max_inflight_slices,
+                                        consumer_count, _plan_scope(consumers)) is not MISS:
+            return
+        if can_skip_dispatcher(pool, src, lease, state):
+            _eager(pool, src, lease, state, max_inflight_slices, consumer_count, consumers,
+                   capturing)
+            torch.autograd.graph.increment_version((pool, state))  # as the dispatcher does
+            return
     torch.ops.strictops.copy_and_publish(pool, src, lease, state, max_inflight_slices,
                                          consumer_count, consumers)
 

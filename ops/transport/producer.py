@@ -269,8 +269,9 @@ class TransportPool:
         # device first), with the slot's own state row (its address: no view per call).
         if state is None:
             state = self._state_row(lease.slot)
-        return launch_eager(self.tensor, source, Pointer(state, torch.int32),
-                            self.max_inflight_slices, self.consumer_count, lease, self.consumers)
+        row = Pointer(state, torch.int32)  # also the lease pointer, which the kernel leaves unread
+        return launch_eager(self.tensor, source, row, row, self.max_inflight_slices,
+                            self.consumer_count, lease, self.consumers)
 
     def _state_row(self, slot: int) -> int:
         """The address of ``slot``'s own state row."""
