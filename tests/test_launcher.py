@@ -605,8 +605,9 @@ def test_gpu_unknown_launch_layout_gives_the_reference_result(monkeypatch):
     expected = sparse.reference(**{k: args[k] for k in sparse.INPUTS})
     for _ in range(2):
         outputs = sparse.sparse_mla_q8kv8_prefill_fwd(**args)
-        passed, detail = sparse.compare_to_reference(outputs, expected, sparse.REL_L2_BOUND,
-                                                     sparse.LOGIT_TOL)
+        passed, detail = sparse.compare_to_reference(outputs, expected,
+                                                     sparse.GPU_REL_L2_BOUND,
+                                                     sparse.GPU_LOGIT_TOL)
         assert passed, detail
     launchers = [sparse._LAUNCHER, *(ws._LAUNCHERS.values() if ws is not None else ())]
     prepared = [p for launcher in launchers for p in launcher.prepared.values()]
