@@ -32,10 +32,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def results_dir() -> Path:
-    """``benchmarks/results/<gpu>/`` for GPU 0: its name, lower case, without the vendor
-    (``NVIDIA H200`` -> ``h200``)."""
-    name = torch.cuda.get_device_name(0).lower().removeprefix("nvidia").strip()
-    return RESULTS / name.replace(" ", "-")
+    """``benchmarks/results/<gpu>/`` for GPU 0: the first word of its name after the vendor,
+    lower case (``NVIDIA H200`` -> ``h200``, ``NVIDIA H100 80GB HBM3`` -> ``h100``)."""
+    name = torch.cuda.get_device_name(0).lower().removeprefix("nvidia").split()
+    return RESULTS / (name[0] if name else "gpu")
 
 
 def arg_parser(doc: str | None) -> argparse.ArgumentParser:
