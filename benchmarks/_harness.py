@@ -54,6 +54,16 @@ def parse_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
     return args
 
 
+def begin(name: str, ap: argparse.ArgumentParser, seed: int | None = None
+          ) -> tuple[argparse.Namespace, Report, torch.Generator | None]:
+    """A benchmark's start: its command line parsed (:func:`parse_args`; ``--help`` exits
+    before any GPU is asked for), its :class:`Report` ``name``, and a CUDA generator seeded
+    with ``seed`` for its inputs (None without a seed)."""
+    args = parse_args(ap)
+    report = Report(name)
+    return args, report, None if seed is None else torch.Generator(device="cuda").manual_seed(seed)
+
+
 def median_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS,
               flush_l2: bool = True) -> float:
     """Median device time of ``fn`` in microseconds (CUDA events).
@@ -91,16 +101,31 @@ def graph_replay_us(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int 
     call starts cold and the others see what the calls before them left in L2 (steady state
     for them); without it, every call is steady state.
     """
+    return median_us(captured(fn, calls).replay, warmup, rep, flush_l2) / calls
+
+
+def captured(fn: Callable[[], object], calls: int = 1,
+             on_side_stream: bool = False) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn``, captured after one call on a
+    side stream that compiles and loads its kernels. ``on_side_stream``: captured on that
+    stream too, instead of the graph's own capture stream."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()  # compile and load before capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream if on_side_stream else None):
         for _ in range(calls):
             fn()
-    return median_us(graph.replay, warmup, rep, flush_l2) / calls
+    return graph
+
+
+def trivial_kernel_us(calls: int = 1, flush_l2: bool = True) -> float:
+    """:func:`graph_replay_us` of a one-element add: the floor of a launch-bound kernel
+    measured the same way."""
+    one = torch.zeros(1, device="cuda")
+    return graph_replay_us(lambda: one.add_(1), flush_l2=flush_l2, calls=calls)
 
 
 def wall_us(fn: Callable[[], object], calls: int = 1000, windows: int = 11) -> tuple[float, float]:
@@ -174,6 +199,13 @@ class Report:
             "date": time.strftime("%Y-%m-%d"),
         }
 
+    def copy_ceiling(self) -> float:
+        """Measure the copy bandwidth (:func:`copy_bandwidth_bytes_per_us`), record it as the
+        ceiling ``copy_bandwidth_TBps`` and return it in bytes per microsecond."""
+        bw = copy_bandwidth_bytes_per_us()
+        self.ceilings["copy_bandwidth_TBps"] = bw / 1e6
+        return bw
+
     def add(self, **row) -> dict:
         self.rows.append(row)
         return row
@@ -234,6 +266,27 @@ def grouped_bars(plt, report: Report, label_key: str | Callable[[dict], str],
     ax.set_ylabel(ylabel)
     ax.set_title(f"{title} on {report.env['device']}")
     return fig, ax
+
+
+def bar_plot(label_key: str, series: list[tuple[str, str]], title: str,
+             ylabel: str = "µs (median, log scale)", legend_fontsize: int = 7) -> Callable:
+    """A :meth:`Report.write` plot: :func:`grouped_bars` of ``series`` on a log scale, with
+    its legend."""
+    def plot(plt, report: Report):
+        fig, ax = grouped_bars(plt, report, label_key, series, title, ylabel)
+        ax.legend(fontsize=legend_fontsize)
+        return fig
+
+    return plot
+
+
+def print_variants(report: Report, key: str, what: str, digits: int = 2) -> None:
+    """One line per row that has variants under ``key`` (a dict of name: number): the row's
+    shape, ``what`` and every variant's number."""
+    for r in report.rows:
+        if r.get(key):
+            print(r["shape"], f"{what}:",
+                  ", ".join(f"{k}={v:.{digits}f}" for k, v in r[key].items()))
 
 
 def cell(row: dict, column: str):

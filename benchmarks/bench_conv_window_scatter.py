@@ -22,17 +22,8 @@ import torch
 from strictops.ops.mamba import conv_window_scatter as m
 from strictops.ops import fused_conv_window_scatter_with_mask
 
-from _harness import (
-    Report,
-    anchor_module,
-    arg_parser,
-    copy_bandwidth_bytes_per_us,
-    graph_replay_us,
-    grouped_bars,
-    median_us,
-    parse_args,
-    wall_us,
-)
+from _harness import (anchor_module, arg_parser, bar_plot, begin, graph_replay_us, median_us,
+                      print_variants, wall_us)
 
 # (name, layers, cache, dim, K-1, dtype, requests, draft tokens, valid requests)
 SHAPES = [
@@ -50,6 +41,11 @@ TUNING = [{"block_bytes": b, "layers": l, "run_bytes": r, "stream": s, "num_warp
                                 (2048, 2, 0, False, 4)]]
 # (A single request sweeps the first three: its kernel is latency-bound, and each tuning
 # compiles again for it, n_requests = 1 being a Triton constexpr.)
+# The results plot's bars, per row: the floors, ours and the original, graph and eager.
+SERIES = [("floor (bytes moved / copy bandwidth)", "floor_us"),
+          ("floor (bytes touched)", "touched_floor_us"),
+          ("ours, graph", "graph_us"), ("original, graph", "original_graph_us"),
+          ("ours, eager", "eager_us"), ("original, eager", "original_eager_us")]
 
 
 def tuning_name(v: dict) -> str:
@@ -84,13 +80,9 @@ def floors_us(layers, n_valid, dim, km1, draft, element_size, bw):
 
 
 def main() -> None:
-    args = parse_args(arg_parser(__doc__))
-
+    args, report, gen = begin("conv_window_scatter", arg_parser(__doc__), seed=20261201)
     sgl = original()
-    gen = torch.Generator(device="cuda").manual_seed(20261201)
-    report = Report("conv_window_scatter")
-    bw = copy_bandwidth_bytes_per_us()
-    report.ceilings["copy_bandwidth_TBps"] = bw / 1e6
+    bw = report.copy_ceiling()
 
     for name, layers, cache, dim, km1, dtype, requests, draft, valid in SHAPES:
         dst, src, slots, steps = make_inputs(layers, cache, dim, km1, dtype, requests, draft,
@@ -132,8 +124,8 @@ def main() -> None:
                             "original_eager_wall_us", "dispatcher_wall_us",
                             "graph_floor_ratio", "graph_vs_original", "eager_vs_original",
                             "wall_vs_original", "best_tuning", "best_tuning_us"],
-                 plot=plot_for("fused_conv_window_scatter_with_mask"))
-    print_tuning(report)
+                 plot=bar_plot("shape", SERIES, "fused_conv_window_scatter_with_mask"))
+    print_variants(report, "tuning_graph_us", "tuning (graph us)")
 
 
 def time_side_by_side(report, row: dict, ours, theirs, floor_us: float, variants: dict) -> None:
@@ -158,26 +150,6 @@ def time_side_by_side(report, row: dict, ours, theirs, floor_us: float, variants
         row["wall_vs_original"] = row["original_eager_wall_us"] / row["eager_wall_us"]
         for key in ("graph_vs_original", "eager_vs_original", "wall_vs_original"):
             report.check_bar(row, key, ">=", 1.0)
-
-
-def plot_for(title: str):
-    """The results plot: floors, ours and the original, graph and eager, per row."""
-    def plot(plt, report):
-        series = [("floor (bytes moved / copy bandwidth)", "floor_us"),
-                  ("floor (bytes touched)", "touched_floor_us"),
-                  ("ours, graph", "graph_us"), ("original, graph", "original_graph_us"),
-                  ("ours, eager", "eager_us"), ("original, eager", "original_eager_us")]
-        fig, ax = grouped_bars(plt, report, "shape", series, title, "µs (median, log scale)")
-        ax.legend(fontsize=7)
-        return fig
-
-    return plot
-
-
-def print_tuning(report) -> None:
-    for r in report.rows:
-        print(r["shape"], "tuning (graph us):",
-              ", ".join(f"{k}={v:.2f}" for k, v in r["tuning_graph_us"].items()))
 
 
 if __name__ == "__main__":

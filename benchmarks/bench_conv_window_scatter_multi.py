@@ -19,16 +19,9 @@ import torch
 from strictops.ops.mamba import conv_window_scatter_multi as m
 from strictops.ops import fused_conv_window_scatter_multi
 
-from _harness import Report, arg_parser, copy_bandwidth_bytes_per_us, parse_args
-from bench_conv_window_scatter import (
-    floors_us,
-    make_inputs,
-    original,
-    plot_for,
-    print_tuning,
-    time_side_by_side,
-    tuning_name,
-)
+from _harness import arg_parser, bar_plot, begin, print_variants
+from bench_conv_window_scatter import (SERIES, floors_us, make_inputs, original, time_side_by_side,
+                                       tuning_name)
 
 # A few of bench_conv_window_scatter's tunings (graph replay): the op's defaults are m.TUNING.
 TUNING = [{"block_bytes": b, "layers": l, "run_bytes": r, "stream": s, "num_warps": w}
@@ -43,13 +36,9 @@ SHAPES = [
 
 
 def main() -> None:
-    args = parse_args(arg_parser(__doc__))
-
+    args, report, gen = begin("conv_window_scatter_multi", arg_parser(__doc__), seed=20261202)
     sgl = original()
-    gen = torch.Generator(device="cuda").manual_seed(20261202)
-    report = Report("conv_window_scatter_multi")
-    bw = copy_bandwidth_bytes_per_us()
-    report.ceilings["copy_bandwidth_TBps"] = bw / 1e6
+    bw = report.copy_ceiling()
 
     for name, n_pairs, layers, cache, dim, km1, dtype, requests, draft, valid1, valid2 in SHAPES:
         pairs = []
@@ -108,8 +97,8 @@ def main() -> None:
                             "original_eager_wall_us", "graph_floor_ratio", "graph_vs_original",
                             "eager_vs_original", "wall_vs_original", "best_tuning",
                             "best_tuning_us"],
-                 plot=plot_for("fused_conv_window_scatter_multi"))
-    print_tuning(report)
+                 plot=bar_plot("shape", SERIES, "fused_conv_window_scatter_multi"))
+    print_variants(report, "tuning_graph_us", "tuning (graph us)")
 
 
 if __name__ == "__main__":

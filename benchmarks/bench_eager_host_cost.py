@@ -39,8 +39,8 @@ from strictops.ops import (
 from strictops.ops._runtime import host_path as _host_path
 from strictops.ops.sparse_mla import prefill as sparse
 
-from _harness import (Report, anchor_module, arg_parser, grouped_bars, median_us,
-                      parse_args, wall_us)
+from _harness import (Report, anchor_module, arg_parser, begin, grouped_bars, median_us,
+                      wall_us)
 
 ROUNDS, CALLS, WARM_CALLS, HOST_CALLS = 5, 1000, 50, 300
 # (name, layers, cache slots, state shape, dtype, requests, draft tokens, valid requests): the
@@ -172,10 +172,8 @@ def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("--no-cutlass", action="store_true",
                     help="no CUTLASS original (its first build takes minutes): null instead")
-    args = parse_args(ap)
+    args, report, gen = begin("eager_host_cost", ap, seed=20261201)
     originals = _originals()
-    gen = torch.Generator(device="cuda").manual_seed(20261201)
-    report = Report("eager_host_cost")
     one = torch.zeros(1, device="cuda")
     report.ceilings["trivial_op_wall_us"] = wall_us(lambda: one.add_(1), CALLS, ROUNDS)[0]
     report.ceilings["trivial_op_host_us"] = host_us(lambda: one.add_(1))

@@ -25,22 +25,18 @@ from strictops.ops import scatter_mamba_states_after_mtp_verify
 from strictops.ops.mamba.conv_window_scatter import window_view
 from strictops.ops.mamba.after_verify import MambaCaches
 
-from _harness import (
-    anchor_module,
-    arg_parser,
-    parse_args,
-    Report,
-    copy_bandwidth_bytes_per_us,
-    graph_replay_us,
-    grouped_bars,
-    median_us,
-    wall_us,
-)
+from _harness import (anchor_module, arg_parser, bar_plot, begin, graph_replay_us, median_us,
+                      trivial_kernel_us, wall_us)
 
 LAYERS, CACHE, REQUESTS, DRAFT = 36, 512, 64, 4
 SSM_STATE, CONV_DIM, KM1 = (8, 128, 128), 2048, 3
 # The SSM scatter's kernels other than its default (mss.TUNING["kernel"], which "ours" runs).
 OTHER_KERNELS = [k for k in mss.PATHS if k != mss.TUNING["kernel"]]
+# The results plot's bars, per row.
+SERIES = [("floor (bytes / copy bandwidth)", "floor_us"), ("ours, graph", "graph_us"),
+          ("original, graph", "original_graph_us"), ("ours, eager", "eager_us"),
+          ("original, eager", "original_eager_us"), ("ours, eager host wall", "eager_wall_us"),
+          ("original, eager host wall", "original_eager_wall_us")]
 
 
 def _original():
@@ -77,14 +73,10 @@ def _equal(a: MambaCaches, ssm, convs) -> bool:
 
 
 def main() -> None:
-    args = parse_args(arg_parser(__doc__))
+    args, report, gen = begin("mamba_after_verify", arg_parser(__doc__), seed=20261201)
     original = _original()
-    gen = torch.Generator(device="cuda").manual_seed(20261201)
-    report = Report("mamba_after_verify")
-    bw = copy_bandwidth_bytes_per_us()
-    report.ceilings["copy_bandwidth_TBps"] = bw / 1e6
-    one = torch.zeros(1, device="cuda")
-    report.ceilings["trivial_kernel_graph_replay_us"] = graph_replay_us(lambda: one.add_(1))
+    bw = report.copy_ceiling()
+    report.ceilings["trivial_kernel_graph_replay_us"] = trivial_kernel_us()
     caches, slots, steps, track_slots, track_steps = _inputs(gen)
     entry_bytes = (caches.temporal[0, 0].numel() * 4
                    + caches.conv[0][0, 0].numel() * caches.conv[0].element_size())
@@ -137,19 +129,7 @@ def main() -> None:
                             "eager_vs_original", "eager_wall_us", "original_eager_wall_us",
                             *(f"{kernel}_{column}" for kernel in OTHER_KERNELS
                               for column in ("graph_us", "eager_us", "graph_vs_original"))],
-                 plot=_plot)
-
-
-def _plot(plt, report):
-    series = [("floor (bytes / copy bandwidth)", "floor_us"), ("ours, graph", "graph_us"),
-              ("original, graph", "original_graph_us"), ("ours, eager", "eager_us"),
-              ("original, eager", "original_eager_us"),
-              ("ours, eager host wall", "eager_wall_us"),
-              ("original, eager host wall", "original_eager_wall_us")]
-    fig, ax = grouped_bars(plt, report, "shape", series, "scatter_mamba_states_after_mtp_verify",
-                           "µs (median, log scale)")
-    ax.legend(fontsize=7)
-    return fig
+                 plot=bar_plot("shape", SERIES, "scatter_mamba_states_after_mtp_verify"))
 
 
 if __name__ == "__main__":

@@ -20,16 +20,8 @@ import torch
 from strictops.ops import fused_commit_track_indices
 from strictops.ops.mamba import commit_indices as m
 
-from _harness import (
-    Report,
-    anchor_module,
-    arg_parser,
-    graph_replay_us,
-    grouped_bars,
-    median_us,
-    parse_args,
-    wall_us,
-)
+from _harness import (anchor_module, arg_parser, bar_plot, begin, graph_replay_us, median_us,
+                      print_variants, trivial_kernel_us, wall_us)
 
 CALLS = 20
 # (requests per program, warps); the op's default is (m.BLOCK, m.NUM_WARPS).
@@ -37,6 +29,12 @@ VARIANTS = [(128, 4), (64, 2), (32, 1), (128, 1), (256, 4), (512, 8)]
 # (name, requests, draft tokens, interval, with seq_lens)
 SHAPES = [("64req_track", 64, 4, 8, True), ("64req", 64, 4, 8, False),
           ("512req_track", 512, 4, 8, True)]
+# The results plot's bars, per row.
+SERIES = [(f"ours, graph of {CALLS} calls", "graph_call_us"),
+          (f"original, graph of {CALLS} calls", "original_graph_call_us"),
+          ("ours, graph of 1 call", "graph_us"), ("original, graph of 1 call", "original_graph_us"),
+          ("ours, eager host wall", "eager_wall_us"),
+          ("original, eager host wall", "original_eager_wall_us")]
 
 
 def _original():
@@ -45,13 +43,10 @@ def _original():
 
 
 def main() -> None:
-    args = parse_args(arg_parser(__doc__))
+    args, report, _ = begin("mamba_commit_indices", arg_parser(__doc__))
     original = _original()
-    report = Report("mamba_commit_indices")
-    one = torch.zeros(1, device="cuda")
-    report.ceilings["trivial_kernel_graph_replay_us"] = graph_replay_us(lambda: one.add_(1))
-    report.ceilings["trivial_kernel_graph_call_us"] = graph_replay_us(
-        lambda: one.add_(1), flush_l2=False, calls=CALLS)
+    report.ceilings["trivial_kernel_graph_replay_us"] = trivial_kernel_us()
+    report.ceilings["trivial_kernel_graph_call_us"] = trivial_kernel_us(CALLS, flush_l2=False)
     gen = torch.Generator().manual_seed(20261201)
     for name, batch, dtn, interval, track in SHAPES:
         b = torch.arange(batch)[:, None] * dtn
@@ -86,23 +81,10 @@ def main() -> None:
     report.write(args.out, ["shape", "requests", "bit_exact", "equal_to_original",
                             "graph_call_us", "original_graph_call_us", "graph_us",
                             "original_graph_us", "eager_us", "original_eager_us",
-                            "eager_wall_us", "original_eager_wall_us"], plot=_plot)
-    for r in report.rows:
-        print(r["shape"], "requests per program / warps (per-call graph us):",
-              ", ".join(f"{k}={v:.2f}" for k, v in r["variant_graph_call_us"].items()))
-
-
-def _plot(plt, report):
-    series = [(f"ours, graph of {CALLS} calls", "graph_call_us"),
-              (f"original, graph of {CALLS} calls", "original_graph_call_us"),
-              ("ours, graph of 1 call", "graph_us"),
-              ("original, graph of 1 call", "original_graph_us"),
-              ("ours, eager host wall", "eager_wall_us"),
-              ("original, eager host wall", "original_eager_wall_us")]
-    fig, ax = grouped_bars(plt, report, "shape", series, "fused_commit_track_indices",
-                           "µs (median, log scale)")
-    ax.legend(fontsize=7)
-    return fig
+                            "eager_wall_us", "original_eager_wall_us"],
+                 plot=bar_plot("shape", SERIES, "fused_commit_track_indices"))
+    print_variants(report, "variant_graph_call_us",
+                   "requests per program / warps (per-call graph us)")
 
 
 if __name__ == "__main__":

@@ -27,17 +27,8 @@ import triton.language as tl
 from strictops.ops import fused_mamba_state_scatter_with_mask
 from strictops.ops.mamba import state_scatter as m
 
-from _harness import (
-    Report,
-    anchor_module,
-    arg_parser,
-    copy_bandwidth_bytes_per_us,
-    graph_replay_us,
-    grouped_bars,
-    median_us,
-    parse_args,
-    wall_us,
-)
+from _harness import (anchor_module, arg_parser, bar_plot, begin, graph_replay_us, median_us,
+                      print_variants, trivial_kernel_us, wall_us)
 
 # (name, num_layers, cache_size, state_shape, dtype, requests, draft_tokens, valid requests)
 SHAPES = [
@@ -55,6 +46,15 @@ LAYER_LOOP_TUNING = [{"block_bytes": b, "num_warps": w, "layers_per_program": g,
                                         (2048, 4, 36, 8), (8192, 8, 12, 4),
                                         (16384, 8, 6, 2)]]
 KERNELS = list(m.PATHS)
+# The results plot's bars, per row.
+SERIES = [("floor (bytes / copy bandwidth)", "floor_us"),
+          ("contiguous copy_ of the same bytes, graph", "contiguous_copy_graph_us"),
+          ("ours (default kernel), graph", "graph_us"),
+          *((f"ours, {k} kernel, graph", f"{k}_graph_us") for k in KERNELS
+            if k != m.TUNING["kernel"]),
+          ("original, graph", "original_graph_us"),
+          ("original-style kernel, graph", "original_style_graph_us"),
+          ("ours, eager", "eager_us"), ("unfused PyTorch", "unfused_us")]
 
 
 def _variant_name(v: dict) -> str:
@@ -122,15 +122,9 @@ def make_inputs(layers, cache, state, dtype, requests, draft, valid, gen, layers
 
 
 def main() -> None:
-    ap = arg_parser(__doc__)
-    args = parse_args(ap)
-
-    gen = torch.Generator(device="cuda").manual_seed(20261130)
-    report = Report("mamba_state_scatter")
-    bw = copy_bandwidth_bytes_per_us()
-    report.ceilings["copy_bandwidth_TBps"] = bw / 1e6
-    one = torch.zeros(1, device="cuda")
-    report.ceilings["trivial_kernel_graph_replay_us"] = graph_replay_us(lambda: one.add_(1))
+    args, report, gen = begin("mamba_state_scatter", arg_parser(__doc__), seed=20261130)
+    bw = report.copy_ceiling()
+    report.ceilings["trivial_kernel_graph_replay_us"] = trivial_kernel_us()
     sgl = anchor_module("sgl_mamba")
     default = m.TUNING["kernel"]
     others = [k for k in KERNELS if k != default]
@@ -246,10 +240,9 @@ def main() -> None:
                             "original_style_graph_us",
                             "steady_original_style_us", "eager_wall_us", "eager_wall_min_us",
                             "dispatcher_wall_us", "unfused_us", "eager_bw_ratio",
-                            "graph_bw_ratio", "speedup_vs_unfused"], plot=_plot)
-    for r in report.rows:
-        print(r["shape"], "tuning (graph replay, µs):",
-              ", ".join(f"{k}={v:.1f}" for k, v in r["tuning_graph_us"].items()))
+                            "graph_bw_ratio", "speedup_vs_unfused"],
+                 plot=bar_plot("shape", SERIES, "fused_mamba_state_scatter_with_mask"))
+    print_variants(report, "tuning_graph_us", "tuning (graph replay, µs)", digits=1)
     if all("original_graph_us" in r for r in report.rows):
         worst = {name: min(r["original_graph_us"] / r["tuning_graph_us"][name]
                            for r in report.rows)
@@ -258,21 +251,6 @@ def main() -> None:
               "(higher is better):")
         for name in sorted(worst, key=worst.get, reverse=True):
             print(f"  {name}: {worst[name]:.3f}")
-
-
-def _plot(plt, report):
-    series = [("floor (bytes / copy bandwidth)", "floor_us"),
-              ("contiguous copy_ of the same bytes, graph", "contiguous_copy_graph_us"),
-              ("ours (default kernel), graph", "graph_us"),
-              *((f"ours, {k} kernel, graph", f"{k}_graph_us") for k in KERNELS
-                if k != m.TUNING["kernel"]),
-              ("original, graph", "original_graph_us"),
-              ("original-style kernel, graph", "original_style_graph_us"),
-              ("ours, eager", "eager_us"), ("unfused PyTorch", "unfused_us")]
-    fig, ax = grouped_bars(plt, report, "shape", series, "fused_mamba_state_scatter_with_mask",
-                           "µs (median, log scale)")
-    ax.legend(fontsize=7)
-    return fig
 
 
 if __name__ == "__main__":

@@ -23,17 +23,8 @@ import torch
 from strictops.ops.mamba import track_states as m
 from strictops.ops import track_mamba_states_all_layers
 
-from _harness import (
-    anchor_module,
-    arg_parser,
-    parse_args,
-    Report,
-    copy_bandwidth_bytes_per_us,
-    graph_replay_us,
-    grouped_bars,
-    median_us,
-    wall_us,
-)
+from _harness import (anchor_module, arg_parser, bar_plot, begin, graph_replay_us, median_us,
+                      print_variants, trivial_kernel_us, wall_us)
 
 LAYERS, POOL, REQUESTS = 36, 512, 64
 CONV, SSM = ((2048, 3), torch.bfloat16), ((8, 128, 128), torch.float32)
@@ -55,6 +46,11 @@ VARIANTS = {
     "4_warps_no_maxnreg": {"num_warps": 4, "maxnreg": None},
 }
 VARIANT_ROWS = (0, 1, 8, 64)
+# The results plot's bars, per row.
+SERIES = [("floor (bytes / copy bandwidth)", "floor_us"),
+          (f"ours, graph of {CALLS} calls", "graph_call_us"),
+          (f"original, graph of {CALLS} calls", "original_graph_call_us"),
+          ("ours, graph of 1 call", "graph_us"), ("original, graph of 1 call", "original_graph_us")]
 
 
 def _original():
@@ -118,16 +114,11 @@ def _variant_us(conv, ssm, sets, variant: dict) -> float:
 
 
 def main() -> None:
-    args = parse_args(arg_parser(__doc__))
+    args, report, gen = begin("mamba_track_states", arg_parser(__doc__), seed=20261201)
     original = _original()
-    gen = torch.Generator(device="cuda").manual_seed(20261201)
-    report = Report("mamba_track_states")
-    bw = copy_bandwidth_bytes_per_us()
-    report.ceilings["copy_bandwidth_TBps"] = bw / 1e6
-    one = torch.zeros(1, device="cuda")
-    report.ceilings["trivial_kernel_graph_replay_us"] = graph_replay_us(lambda: one.add_(1))
-    report.ceilings["trivial_kernel_graph_call_us"] = graph_replay_us(lambda: one.add_(1),
-                                                                      calls=CALLS)
+    bw = report.copy_ceiling()
+    report.ceilings["trivial_kernel_graph_replay_us"] = trivial_kernel_us()
+    report.ceilings["trivial_kernel_graph_call_us"] = trivial_kernel_us(calls=CALLS)
     conv, ssm = model_pools(gen)
     entry_bytes = conv[0, 0].numel() * conv.element_size() + ssm[0, 0].numel() * 4
     for tracked in TRACKED:
@@ -173,23 +164,10 @@ def main() -> None:
                             "graph_call_us", "original_graph_call_us", "graph_call_vs_original",
                             "graph_bw_ratio", "graph_us", "original_graph_us",
                             "graph_vs_original", "eager_us", "original_eager_us",
-                            "eager_wall_us", "original_eager_wall_us"], plot=_plot)
-    for r in report.rows:
-        if "variant_graph_call_us" in r:
-            print(r["shape"], "tuning variants (per-call graph us):",
-                  ", ".join(f"{k}={v:.2f}" for k, v in r["variant_graph_call_us"].items()))
-
-
-def _plot(plt, report):
-    series = [("floor (bytes / copy bandwidth)", "floor_us"),
-              (f"ours, graph of {CALLS} calls", "graph_call_us"),
-              (f"original, graph of {CALLS} calls", "original_graph_call_us"),
-              ("ours, graph of 1 call", "graph_us"),
-              ("original, graph of 1 call", "original_graph_us")]
-    fig, ax = grouped_bars(plt, report, "shape", series, "track_mamba_states_all_layers",
-                           "µs per call (median, log scale)")
-    ax.legend(fontsize=7)
-    return fig
+                            "eager_wall_us", "original_eager_wall_us"],
+                 plot=bar_plot("shape", SERIES, "track_mamba_states_all_layers",
+                               "µs per call (median, log scale)"))
+    print_variants(report, "variant_graph_call_us", "tuning variants (per-call graph us)")
 
 
 if __name__ == "__main__":

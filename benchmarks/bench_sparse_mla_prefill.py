@@ -34,8 +34,7 @@ from strictops.meta.sparse_mla import prefill as contract
 from strictops.ops.sparse_mla import prefill as m
 from strictops.ops import sparse_mla_q8kv8_prefill_fwd
 
-from _harness import (Report, anchor_module, arg_parser, fp8_gemm_tflops, grouped_bars,
-                      median_us, parse_args)
+from _harness import anchor_module, arg_parser, begin, fp8_gemm_tflops, grouped_bars, median_us
 
 # (s_q, s_kv, h_q, d_qk, topk): the serving shapes the op is measured at.
 SHAPES = [
@@ -164,10 +163,7 @@ def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("--shapes", type=int, nargs="*", default=range(len(SHAPES)),
                     help="which of SHAPES to run (indices; default: all)")
-    args = parse_args(ap)
-
-    gen = torch.Generator(device="cuda").manual_seed(20261130)
-    report = Report("sparse_mla_prefill")
+    args, report, gen = begin("sparse_mla_prefill", ap, seed=20261130)
     gemm = fp8_gemm_tflops()
     report.ceilings["fp8_gemm_8192_TFLOPS"] = gemm
     cutlass = original()

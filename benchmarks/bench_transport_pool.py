@@ -52,17 +52,8 @@ from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops.transport import cuda_stream as _cuda_stream
 from strictops.ops.transport import pool as m
 
-from _harness import (
-    Report,
-    anchor_module,
-    arg_parser,
-    copy_bandwidth_bytes_per_us,
-    graph_replay_us,
-    grouped_bars,
-    median_us,
-    parse_args,
-    wall_us,
-)
+from _harness import (Report, anchor_module, arg_parser, bar_plot, begin,
+                      copy_bandwidth_bytes_per_us, graph_replay_us, median_us, wall_us)
 
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20), ("256MiB", 256 << 20)]
 SLOTS, CONSUMERS = 64, 2
@@ -91,6 +82,19 @@ PEER_SIZES = [("64KiB", 64 << 10), ("256MiB", 256 << 20)]
 # floor's bandwidth (graph replay, and the eager call).
 BARS = [("64KiB", "ours_graph_us", "<=", 7.0), ("256MiB", "ours_graph_bw_ratio", ">=", 0.95),
         ("256MiB", "ours_bw_ratio", ">=", 0.95)]
+# The results plot's bars, per size.
+SERIES = [("floor (bytes / copy bandwidth)", "floor_us"),
+          ("copy_ alone, graph", "copy_graph_us"),
+          ("copy_ + cuStreamWriteValue32, graph", "original_graph_us"),
+          ("publish, graph", "publish.graph_us"),
+          ("copy_tensor's publish, graph", "copy_tensor.graph_us"),
+          ("publish, same_device (GPU-scope flag), graph", "same_device_graph_us"),
+          ("original publish, eager wall", "publish.original_eager_wall_us"),
+          ("publish, eager wall", "publish.eager_wall_us"),
+          ("original copy_tensor, eager wall", "copy_tensor.original_eager_wall_us"),
+          ("copy_tensor, eager wall", "copy_tensor.eager_wall_us"),
+          ("peer consumer's read over NVLink", "peer_read_us"),
+          ("copy_ cuda:0 -> cuda:1", "peer_copy_us")]
 
 
 def _variant_name(v: dict) -> str:
@@ -132,12 +136,9 @@ def _per_api(row: dict, walls: dict) -> None:
 def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("--all", action="store_true", help="also the tuning sweep of the kernel")
-    args = parse_args(ap)
+    args, report, _ = begin("transport_pool", ap)
     original_publish, original_name = _original_publish()
-
-    report = Report("transport_pool")
-    bw = copy_bandwidth_bytes_per_us()
-    report.ceilings["copy_bandwidth_TBps"] = bw / 1e6
+    report.copy_ceiling()
     report.ceilings["original"] = original_name
     # Room for a lease of the largest size and a copy_tensor lease beside it.
     pool = TransportPool(data_start(SLOTS, CONSUMERS) + 2 * SIZES[-1][1] + (1 << 20),
@@ -247,7 +248,7 @@ def main() -> None:
                             "same_device_graph_us", "system_scope_graph_cost_us",
                             "peer_read_us", "peer_copy_us", "peer_read_GBps", "peer_copy_GBps",
                             "peer_read_vs_copy"],
-                 plot=_plot)
+                 plot=bar_plot("size", SERIES, "copy_and_publish", legend_fontsize=6))
     for bar in report.bars:
         print("bar:", bar)
     for r in (r for r in report.rows if "rounds" in r):
@@ -312,25 +313,6 @@ def _peer_read_rows(report: Report, pool: TransportPool) -> None:
                    peer_copy_GBps=lease.nbytes / copy_us / 1e3,
                    peer_read_vs_copy=copy_us / read_us[name])
         pool.release(lease)
-
-
-def _plot(plt, report):
-    series = [("floor (bytes / copy bandwidth)", "floor_us"),
-              ("copy_ alone, graph", "copy_graph_us"),
-              ("copy_ + cuStreamWriteValue32, graph", "original_graph_us"),
-              ("publish, graph", "publish.graph_us"),
-              ("copy_tensor's publish, graph", "copy_tensor.graph_us"),
-              ("publish, same_device (GPU-scope flag), graph", "same_device_graph_us"),
-              ("original publish, eager wall", "publish.original_eager_wall_us"),
-              ("publish, eager wall", "publish.eager_wall_us"),
-              ("original copy_tensor, eager wall", "copy_tensor.original_eager_wall_us"),
-              ("copy_tensor, eager wall", "copy_tensor.eager_wall_us"),
-              ("peer consumer's read over NVLink", "peer_read_us"),
-              ("copy_ cuda:0 -> cuda:1", "peer_copy_us")]
-    fig, ax = grouped_bars(plt, report, "size", series, "copy_and_publish",
-                           "µs (median, log scale)")
-    ax.legend(fontsize=6)
-    return fig
 
 
 if __name__ == "__main__":

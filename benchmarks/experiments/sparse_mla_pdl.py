@@ -28,7 +28,7 @@ from strictops.meta.sparse_mla import prefill as smp
 from strictops.ops.sparse_mla import prefill as sparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _harness import anchor_module, wall_us  # noqa: E402
+from _harness import anchor_module, captured, wall_us  # noqa: E402
 
 SHAPES = [(64, 8192, 128, 576, 512), (256, 8192, 128, 576, 512), (64, 8192, 128, 576, 2048),
           (1024, 32768, 128, 576, 2048)]
@@ -37,15 +37,7 @@ CALLS_PER_GRAPH, ROUNDS = 20, 11
 
 def graph_us(call) -> float:
     """µs per call of ``CALLS_PER_GRAPH`` calls of ``call`` captured in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(CALLS_PER_GRAPH):
-            call()
+    graph = captured(call, CALLS_PER_GRAPH, on_side_stream=True)
     graph.replay()
     torch.cuda.synchronize()
     samples = []

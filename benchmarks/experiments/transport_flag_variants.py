@@ -53,7 +53,7 @@ from strictops.ops.transport import pool as m
 from strictops.ops._runtime.launcher import keyword_constexprs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _harness import anchor_module, graph_replay_us  # noqa: E402
+from _harness import anchor_module, captured, graph_replay_us  # noqa: E402
 
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20)]
 SLOTS, CONSUMERS = 64, 2
@@ -216,28 +216,13 @@ def _exact(publish, pool, src, state, lease) -> bool:
             and int(word) == lease.generation and int(state[contract.ERRORS]) == 0)
 
 
-def _graph(publish, calls: int = 1):
-    """``publish`` captured ``calls`` times in one CUDA graph (after a call on a side stream
-    that compiles and loads its kernels)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        publish()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            publish()
-    return graph
-
-
 def measure(out: Path | None) -> None:
     rows = []
     for size, nbytes in SIZES:
         pool, src, lease_t, state, lease = _inputs("cuda", nbytes)
         publishers = _publishers(pool, src, lease_t, state, lease)
         exact = {name: _exact(p, pool, src, state, lease) and
-                 _exact(_graph(p).replay, pool, src, state, lease)
+                 _exact(captured(p).replay, pool, src, state, lease)
                  for name, p in publishers.items()}
         samples = {name: {"graph_us": [], "graph20_us": []} for name in publishers}
         for _ in range(ROUNDS):
