@@ -321,9 +321,9 @@ def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict
 
     ``small``: interpreter-sized, pairwise-distinct sizes >= 2. ``dst`` ``[L, cache, dim, km1]``
     and ``src`` (an overlapping window view) are random bf16; ``dst_indices_raw`` (int32),
-    ``step_indices_raw`` (int64) and ``src_indices_raw`` (int32) hold random valid values,
-    except one negative and one out-of-range value each (requests 0-5), and requests 6-8 name
-    one slot with 6 and 7 valid and 8 skipped: 7 must overwrite 6.
+    ``step_indices_raw`` (int64) and ``src_indices_raw`` (int32) hold the state scatter's
+    example values (``strictops.ops.mamba.state_scatter.example_indices``): one negative and
+    one out-of-range value each, and requests 6-8 naming one slot: 7 must overwrite 6.
     """
     if small:
         d = contract.Dims(num_layers=2, cache_size=7, spec_size=13, draft_tokens=3, dim=19,
@@ -333,15 +333,7 @@ def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict
                           dim=2048, km1=3, total_requests=48)
     d = dataclasses.replace(d, device=device, with_src_indices=True,
                             index_dtypes=(torch.int32, torch.int64, torch.int32))
-    n = d.total_requests
-    slot = torch.randint(0, d.cache_size, (n,), generator=generator)
-    step = torch.randint(0, d.draft_tokens, (n,), generator=generator)
-    row = torch.randint(0, d.spec_size, (n,), generator=generator)
-    slot[0], slot[1] = -1, d.cache_size
-    step[2], step[3] = -1, d.draft_tokens
-    row[4], row[5] = -1, d.spec_size
-    slot[7] = slot[8] = slot[6]
-    step[8] = -1
+    slot, step, row = mamba_state_scatter.example_indices(d, generator)
     shared = torch.randn(d.num_layers, d.spec_size, d.dim, d.draft_tokens + d.km1 - 1,
                          generator=generator)
     return {

@@ -49,9 +49,9 @@ from strictops.ops._runtime.interpret import interpreted
 from strictops.ops._runtime.host_path import MISS
 from strictops.ops._runtime.kernel_path import KernelPath
 
-# The public function. ``reference``, ``unfused_torch``, ``launch_interpreted`` and
-# ``example_inputs`` are for tests, benchmarks and the self-check: importable by name, not
-# exported.
+# The public function. ``reference``, ``unfused_torch``, ``launch_interpreted``,
+# ``example_inputs`` and ``example_indices`` are for tests, benchmarks and the self-check:
+# importable by name, not exported.
 __all__ = ["fused_mamba_state_scatter_with_mask"]
 
 
@@ -595,6 +595,24 @@ def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict
                              state_shape=(8, 64, 32), total_requests=48)
     dims = dataclasses.replace(dims, device=device, with_src_indices=True,
                                index_dtypes=(torch.int32, torch.int64, torch.int32))
+    slot, step, row = example_indices(dims, generator)
+    values = {"dst_indices_raw": slot, "step_indices_raw": step, "src_indices_raw": row}
+    out = {}
+    for name, spec in contract.valid_spec(dims).items():
+        value = values.get(name)
+        if value is None:
+            value = torch.randn(spec.shape, generator=generator, dtype=spec.dtype)
+        out[name] = value.to(device=spec.device, dtype=spec.dtype)
+    return out
+
+
+def example_indices(dims, generator: torch.Generator):
+    """``(slot, step, row)``: int64 CPU ``[dims.total_requests]`` index values of the example
+    calls of this op and of the conv-window scatter (``dims``: either contract's ``Dims``).
+
+    Random valid values, except one negative and one out-of-range value in each (requests
+    0-5), and requests 6-8 naming one slot with 6 and 7 valid and 8 skipped.
+    """
     n = dims.total_requests
     slot = torch.randint(0, dims.cache_size, (n,), generator=generator)
     step = torch.randint(0, dims.draft_tokens, (n,), generator=generator)
@@ -604,14 +622,7 @@ def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict
     row[4], row[5] = -1, dims.spec_size
     slot[7] = slot[8] = slot[6]
     step[8] = -1
-    values = {"dst_indices_raw": slot, "step_indices_raw": step, "src_indices_raw": row}
-    out = {}
-    for name, spec in contract.valid_spec(dims).items():
-        value = values.get(name)
-        if value is None:
-            value = torch.randn(spec.shape, generator=generator, dtype=spec.dtype)
-        out[name] = value.to(device=spec.device, dtype=spec.dtype)
-    return out
+    return slot, step, row
 
 
 def _valid_last_writer(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw):

@@ -645,24 +645,13 @@ def random_inputs(dims: contract.Dims, generator: torch.Generator,
 
 
 def example_inputs(device: str, small: bool, generator: torch.Generator) -> dict:
-    """Keyword arguments of a valid call whose values reach every path of the kernel.
-
-    Parameters
-    ----------
-    device : str
-        Device of every tensor: ``"cpu"`` for :func:`launch_interpreted`, ``"cuda:N"`` for the op.
-    small : bool
-        Interpreter-sized shapes (``s_q=4, s_kv=200, h_q=64, d_qk=576, topk=128``: sizes
-        pairwise distinct and >= 2, so a dynamic-shape trace keeps each one a symbol) instead of
-        a moderate GPU shape (``s_q=256, s_kv=4096, h_q=128, d_qk=576, topk=512``).
-    generator : torch.Generator
-        CPU generator behind every random value.
-
-    Returns
-    -------
-    dict
-        :func:`random_inputs` with every optional argument given and the edge rows: an empty
-        token, a zero ``topk_length``, one that stops mid-block, one in eight indices invalid.
+    """Keyword arguments of a valid call whose values reach every path of the kernel, on
+    ``device`` (``"cpu"`` for :func:`launch_interpreted`), every value drawn from the CPU
+    ``generator``: :func:`random_inputs` with every optional argument given and the edge rows
+    (an empty token, a zero ``topk_length``, one that stops mid-block, one in eight indices
+    invalid). ``small``: interpreter-sized shapes (``s_q=4, s_kv=200, h_q=64, d_qk=576,
+    topk=128``: pairwise distinct and >= 2, so a dynamic-shape trace keeps each one a symbol);
+    else a moderate GPU shape (``s_q=256, s_kv=4096, h_q=128, d_qk=576, topk=512``).
     """
     dims = (contract.Dims(s_q=4, s_kv=200, h_q=64, d_qk=576, topk=128) if small
             else contract.Dims(s_q=256, s_kv=4096, h_q=128, d_qk=576, topk=512))
