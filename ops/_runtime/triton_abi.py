@@ -96,7 +96,7 @@ def _recorded_launch(kernel, triton_launch: Callable[[], Any]) -> tuple | None:
     """The arguments ``CudaLauncher.launch`` got from ``triton_launch()`` (a real launch
     through ``JITFunction.run``), or None where the launcher has no ``launch`` to record."""
     run = kernel.run
-    real = run.__dict__.get("launch")
+    real = getattr(run, "__dict__", {}).get("launch")  # an attribute of the instance
     if real is None:
         return None
     calls = []
@@ -133,7 +133,7 @@ def fast_launch(kernel, triton_launch: Callable[[], Any], grid: tuple, stream: i
             continue
         mine = (*grid, stream, *head, *values) if flat else (*grid, stream, *head, values)
         if len(mine) == len(recorded) and all(map(_same, mine, recorded)):
-            return FastLaunch(run.__dict__["launch"], head, flat, layout)
+            return FastLaunch(run.launch, head, flat, layout)
     return None
 
 
