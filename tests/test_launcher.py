@@ -765,6 +765,30 @@ class _UnknownLayoutLauncher(_RecordingLauncher):
         self.launch(grid_x, grid_y, grid_z, stream, function, "unknown", *args)
 
 
+class _ClassLaunchLauncher(_RecordingLauncher):
+    """A launcher whose C ``launch`` is no attribute of the instance, so nothing can be
+    recorded there."""
+
+    launch = staticmethod(_record)
+
+    def __init__(self, src, metadata) -> None:
+        super().__init__(src, metadata)
+        del self.launch
+
+
+def test_launcher_with_nothing_to_record_still_launches_once(recording_driver, monkeypatch):
+    """Where the launch cannot be recorded, the first call still launches, once, through
+    ``JITFunction.run``, and the key keeps no fast launch."""
+    monkeypatch.setattr(recording_driver, "launcher_cls", _ClassLaunchLauncher)
+    launcher = Launcher(_fresh_kernel())
+    storage = torch.zeros(128, dtype=torch.float32)
+    args = [storage[:64], storage[64:], None, 64, 5, 7, 0.5, True, 16, False]
+    for calls in (1, 2):
+        launcher((1,), args)
+        assert len(_RecordingLauncher.calls) == calls
+    assert [p.fast for p in launcher.prepared.values()] == [None]
+
+
 def _mamba_scatter_on_cpu(monkeypatch, recording_driver, kernel):
     """The Mamba scatter's eager path with a fresh launcher and C++ path (a contract without
     rules stands in: CPU tensors), on the recording driver; returns its KernelPath."""

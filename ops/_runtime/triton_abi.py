@@ -94,10 +94,12 @@ def _same(mine: Any, theirs: Any) -> bool:
 
 def _recorded_launch(kernel, triton_launch: Callable[[], Any]) -> tuple | None:
     """The arguments ``CudaLauncher.launch`` got from ``triton_launch()`` (a real launch
-    through ``JITFunction.run``), or None where the launcher has no ``launch`` to record."""
+    through ``JITFunction.run``, made in every case), or None where the launcher has no
+    ``launch`` to record."""
     run = kernel.run
     real = getattr(run, "__dict__", {}).get("launch")  # an attribute of the instance
     if real is None:
+        triton_launch()
         return None
     calls = []
 
