@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from strictops.meta.mamba import conv_window_scatter as contract
 from strictops.meta import strategies
 from strictops.meta.strategies import conv_window_scatter as calls_of
-from strictops.meta.testing import (examples, 
+from strictops.meta.testing import (
+    examples,
     HAS_CUDA,
     HAS_TWO_GPUS,
     anchor_module,

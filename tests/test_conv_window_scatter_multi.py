@@ -22,7 +22,8 @@ from strictops.meta.mamba import conv_window_scatter_multi as contract
 from strictops.meta import strategies
 from strictops.meta.strategies import conv_window_scatter_multi as calls_of
 from strictops.meta.strategies.conv_window_scatter import DTYPES, TUNINGS
-from strictops.meta.testing import (examples, 
+from strictops.meta.testing import (
+    examples,
     CAN_NAME_SECOND_GPU,
     assert_every_rule_pinned,
     build,

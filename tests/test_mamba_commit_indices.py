@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from strictops.meta.mamba import commit_indices as contract
 from strictops.meta import strategies
 from strictops.meta.strategies import mamba_commit_indices as calls_of
-from strictops.meta.testing import (examples, 
+from strictops.meta.testing import (
+    examples,
     HAS_CUDA,
     HAS_TWO_GPUS,
     anchor_module,

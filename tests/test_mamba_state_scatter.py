@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from strictops.meta.mamba import state_scatter as contract
 from strictops.meta import strategies
 from strictops.meta.strategies import mamba_state_scatter as calls_of
-from strictops.meta.testing import (examples, 
+from strictops.meta.testing import (
+    examples,
     HAS_CUDA,
     HAS_TWO_GPUS,
     assert_every_rule_pinned,

@@ -42,7 +42,8 @@ from strictops.meta.sparse_mla import prefill as contract
 from strictops.meta import strategies
 from strictops.meta._contract import Contract
 from strictops.meta.strategies import sparse_mla_prefill as calls_of
-from strictops.meta.testing import (examples, 
+from strictops.meta.testing import (
+    examples,
     CAN_NAME_SECOND_GPU,
     assert_every_rule_pinned,
     build,

@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 
 from strictops.meta.transport import pool as contract
 from strictops.meta.strategies import transport_pool as calls_of
-from strictops.meta.testing import (examples, 
+from strictops.meta.testing import (
+    examples,
     HAS_CUDA,
     HAS_TWO_GPUS,
     assert_every_rule_pinned,

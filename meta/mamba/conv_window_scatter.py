@@ -35,7 +35,7 @@ import torch
 from strictops.meta.mamba import state_scatter as mamba_state_scatter
 from strictops.meta._contract import (Check, Contract, hint, inside_check, inside_storage, reach,
                                       sym_all,
-                        sym_either)
+                                      sym_either)
 from strictops.meta._specs import TensorSpec, other_device as _other_device, with_changes as _with
 
 OP_NAME = "fused_conv_window_scatter_with_mask"

@@ -167,5 +167,6 @@ def c_parameters_known(kernel) -> bool:
     except Exception:  # noqa: BLE001 - an unknown generator: no plan
         return False
     params = [f"&arg{i}" for i, k in signature.items() if k != "constexpr"]
-    expected = f"void *params[] = {{ {', '.join([*params, '&global_scratch', '&profile_scratch'])} }};"
+    params += ["&global_scratch", "&profile_scratch"]
+    expected = f"void *params[] = {{ {', '.join(params)} }};"
     return expected in source

@@ -227,12 +227,12 @@ def _arguments(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw,
     )
 
 
-# The launch paths (strictops.ops._runtime.kernel_path): the op's body (also its fake) validates in
-# full and launches through ``kernel[grid]``; a plain eager call takes the contract's cached
+# The launch paths (strictops.ops._runtime.kernel_path): the op's body (also its fake) validates
+# in full and launches through ``kernel[grid]``; a plain eager call takes the contract's cached
 # verdict and the cached launcher (strictops.ops._runtime.launcher); the same rules and the same
-# launch.
-# A call that path served leaves a plan for the C++ path (strictops.ops._runtime.host_path), which
-# runs the storage-reach rows on every call as the cached verdict does.
+# launch. A call that path served leaves a plan for the C++ path
+# (strictops.ops._runtime.host_path), which runs the storage-reach rows on every call as the
+# cached verdict does.
 _PATH = KernelPath(_scatter_kernel, contract.CONTRACT, contract.ARGUMENTS, _arguments,
                    TUNING["num_warps"], writes=("dst",))
 _launch, _forward, _eager = _PATH.launch, _PATH.forward, _PATH.eager

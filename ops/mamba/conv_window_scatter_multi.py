@@ -194,8 +194,7 @@ def _dsts(args):
 
 
 # The launch paths (strictops.ops._runtime.kernel_path), as the one-pair op's: the op's body (also
-# its
-# fake) validates in full and launches through ``kernel[grid]``; a plain eager call takes the
+# its fake) validates in full and launches through ``kernel[grid]``; a plain eager call takes the
 # contract's verdict cached per metadata signature (each pair's tensors' metadata in order; the
 # storage-reach rows run on every call) and the cached launcher, and leaves a plan for the C++
 # path (keyed by the list of pairs' items, in order).

@@ -440,11 +440,9 @@ def _layer_loop_arguments(dst, src, dst_indices_raw, step_indices_raw, src_indic
 
 
 # The launch paths of each kernel (strictops.ops._runtime.kernel_path): the op's body (also its
-# fake)
-# validates in full and launches through ``kernel[grid]``; a plain eager call takes the
+# fake) validates in full and launches through ``kernel[grid]``; a plain eager call takes the
 # contract's cached verdict and the cached launcher (strictops.ops._runtime.launcher); the same
-# rules
-# and the same launch. ``TUNING["kernel"]`` picks one on every call. A call a path served
+# rules and the same launch. ``TUNING["kernel"]`` picks one on every call. A call a path served
 # leaves a plan for its C++ path (strictops.ops._runtime.host_path, ``_HOSTS``), which serves the
 # signature while ``TUNING`` is unchanged.
 PATHS = {

@@ -91,10 +91,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from strictops.ops._runtime.gluon_compat import async_load, thread_barrier
-from strictops.ops.sparse_mla.gluon_shared_s import (copy_q, launch_kernel, rows_to_attend, store_q, tile_of, tuned,
-                                wait_for_prior_grid)
+from strictops.ops.sparse_mla.gluon_shared_s import (copy_q, launch_kernel, rows_to_attend,
+                                                     store_q, tile_of, tuned,
+                                                     wait_for_prior_grid)
 from strictops.ops.sparse_mla.gluon_transpose import (output_columns, p_columns, store_o_through_vt,
-                                    transpose_block, transpose_ldsm, views16)
+                                                      transpose_block, transpose_ldsm, views16)
 
 __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
 

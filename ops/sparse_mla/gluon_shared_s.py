@@ -8,8 +8,8 @@ kernel of ``gluon_block_pair`` runs by default): this kernel runs P·V in fp16, 
 2.6x lower ``out`` error than the block-pair kernel's FP8 P·V at about 0.6x its speed on the
 H200. It computes what the op's other kernels compute (see ``strictops.ops.sparse_mla.prefill``)
 from the same validated arguments. Importing this module needs Gluon's Hopper API (Triton 3.6 to
-3.9, the names that differ taken from :mod:`strictops.ops._runtime.gluon_compat`; ``ImportError`` otherwise). Why
-this design, with what was measured and rejected:
+3.9, the names that differ taken from :mod:`strictops.ops._runtime.gluon_compat`;
+``ImportError`` otherwise). Why this design, with what was measured and rejected:
 docs/design/sparse_mla_prefill.md#gluon-kernel-sm_90
 
 Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes token ``pid // (h_q // 64)`` for 64 heads,

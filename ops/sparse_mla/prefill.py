@@ -280,8 +280,8 @@ def _forward(kernel, real_launch, q, kv, indices, sm_scale, q_scale, kv_scale, d
 
 # The eager path: the contract's verdict cached per metadata signature, the kernels launched
 # through their cached launchers (strictops.ops._runtime.launcher); the same rules and launches. A
-# call
-# it served leaves a plan of its signature for the C++ path (strictops.ops._runtime.host_path).
+# call it served leaves a plan of its signature for the C++ path
+# (strictops.ops._runtime.host_path).
 _VALIDATION = CachedValidation(contract.CONTRACT, contract.ARGUMENTS)
 _LAUNCHER = Launcher(_sparse_mla_prefill_kernel)
 _HOST = HostPath(_VALIDATION, writes=(*contract.BUFFERS, "topk_length_errors"))
