@@ -88,3 +88,14 @@ def test_a_module_without_kernel_choice_reports_its_one_triton_kernel():
     module.kernel_choice = lambda device: ("fast", f"on {device.type}")
     row = selfcheck.check_kernel("strictops::stand_in", module)
     assert row.detail == f"fast (on {'cuda' if torch.cuda.is_available() else 'cpu'})"
+
+
+def test_mamba_state_scatter_reports_the_kernel_its_tuning_picks(monkeypatch):
+    """The state scatter has three kernels: its row names the one ``TUNING["kernel"]`` picks."""
+    from strictops.ops.mamba import state_scatter as mss
+    cuda = torch.device("cuda", 0)
+    assert mss.kernel_choice(cuda) == ("_layer_loop_kernel", 'TUNING["kernel"] = "layer_loop"')
+    monkeypatch.setitem(mss.TUNING, "kernel", "per_chunk")
+    name, why = mss.kernel_choice(torch.device("cpu"))
+    assert (name, why) == ("_per_chunk_kernel",
+                           'TUNING["kernel"] = "per_chunk"; no GPU: the Triton interpreter')

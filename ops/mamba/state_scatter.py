@@ -481,6 +481,14 @@ def kernel_variant(name: str):
         TUNING["kernel"] = default
 
 
+def kernel_choice(device: torch.device) -> tuple[str, str]:
+    """The kernel that calls on ``device`` run, and why (the self-check's row): the one
+    ``TUNING["kernel"]`` names, on any device."""
+    name = TUNING["kernel"]
+    where = "" if device.type == "cuda" else "; no GPU: the Triton interpreter"
+    return PATHS[name].jit_fn.__name__, f'TUNING["kernel"] = "{name}"{where}'
+
+
 @triton_op(contract.CONTRACT.op, mutates_args=contract.CONTRACT.mutates)
 def _fused_mamba_state_scatter_with_mask(
     dst: torch.Tensor,
