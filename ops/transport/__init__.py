@@ -1,9 +1,10 @@
 """The transport pool: tensors handed between processes, and GPUs, through one shared CUDA byte
 pool, published in stream order.
 
-- :mod:`.pool`: ``copy_and_publish``, the copy-then-flag op (a Triton kernel);
-- :mod:`.runtime`: the lease allocator, the producer's ``TransportPool`` and the consumers'
-  ``TransportConsumer``;
+- :mod:`.pool`: ``copy_and_publish``, the copy-then-flag op; :mod:`.publish_kernel`: its
+  Triton kernel;
+- :mod:`.leases`: the lease allocator; :mod:`.producer`: the producer's ``TransportPool``;
+  :mod:`.consumer`: the consumers' ``TransportConsumer``;
 - :mod:`.faults`: consumer liveness and wait timeouts; :mod:`.peers`: pools mapped on other
   GPUs; :mod:`.cuda_stream`: the driver's stream-memory operations (``cuda-bindings``).
 
