@@ -90,7 +90,7 @@ class Variant(NamedTuple):
 VARIANTS = [
     Variant("original: copy_ + cuStreamWriteValue32", "original", {}, _WRITE_VALUE),
     Variant("op: TUNING", "op", {}, "as (a) up to 1 MiB, as (c) default above"),
-    Variant("a: one launch 4KiB/4w", "kernel", {"two_launches": False}, _LAST_ARRIVAL),
+    Variant("a: one launch (TUNING)", "kernel", {"two_launches": False}, _LAST_ARRIVAL),
     Variant("b: copy 16KiB/4w + cuStreamWriteValue32", "copy_then_write",
             {"block_bytes": 16384, "num_warps": 4, "pdl": False}, _WRITE_VALUE),
     Variant("b: copy 4KiB/8w + cuStreamWriteValue32", "copy_then_write",
@@ -216,6 +216,18 @@ def _exact(publish, pool, src, state, lease) -> bool:
             and int(word) == lease.generation and int(state[contract.ERRORS]) == 0)
 
 
+def sample(publishers: dict) -> dict:
+    """Per publisher, its ``graph_us`` and ``graph20_us`` over ``ROUNDS`` rounds, the
+    publishers alternating within a round."""
+    samples = {name: {"graph_us": [], "graph20_us": []} for name in publishers}
+    for _ in range(ROUNDS):
+        for name, publish in publishers.items():
+            samples[name]["graph_us"].append(graph_replay_us(publish, rep=REP_MS))
+            samples[name]["graph20_us"].append(graph_replay_us(
+                publish, rep=REP_MS, flush_l2=False, calls=CALLS_PER_GRAPH))
+    return samples
+
+
 def measure(out: Path | None) -> None:
     rows = []
     for size, nbytes in SIZES:
@@ -224,12 +236,7 @@ def measure(out: Path | None) -> None:
         exact = {name: _exact(p, pool, src, state, lease) and
                  _exact(captured(p).replay, pool, src, state, lease)
                  for name, p in publishers.items()}
-        samples = {name: {"graph_us": [], "graph20_us": []} for name in publishers}
-        for _ in range(ROUNDS):
-            for name, publish in publishers.items():
-                samples[name]["graph_us"].append(graph_replay_us(publish, rep=REP_MS))
-                samples[name]["graph20_us"].append(graph_replay_us(
-                    publish, rep=REP_MS, flush_l2=False, calls=CALLS_PER_GRAPH))
+        samples = sample(publishers)
         original = statistics.median(samples[VARIANTS[0].name]["graph_us"])
         for v in VARIANTS:
             s = samples[v.name]
