@@ -302,7 +302,8 @@ def _publish_kernel(
             vector_end = nbytes // _VECTOR * _VECTOR
             in_vectors = offs < (vector_end - tail).to(tl.int32)
             last = tl.arange(0, _VECTOR)
-            in_last = (last < (nbytes - vector_end).to(tl.int32)) & (vector_end >= tail)
+            last_count = tl.where(vector_end >= tail, nbytes - vector_end, 0).to(tl.int32)
+            in_last = last < last_count
             tail_data = tl.load(src_ptr + tail + offs, mask=in_vectors)
             data_last = tl.load(src_ptr + vector_end + last, mask=in_last)
             tl.store(dst_ptr + tail + offs, tail_data, mask=in_vectors)
