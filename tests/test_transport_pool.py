@@ -49,6 +49,7 @@ from strictops.meta.testing import (
 )
 from strictops.ops import TransportConsumer, TransportPool, copy_and_publish
 from strictops.ops.transport import pool as op
+from strictops.ops.transport import publish_kernel
 from strictops.ops.transport import leases
 from strictops.ops.transport import cuda_stream as _cuda_stream
 from strictops.ops._runtime import host_path
@@ -508,7 +509,7 @@ def test_kernel_constants_are_local_and_match_the_layout():
     tree = ast.parse(textwrap.dedent(inspect.getsource(op._publish_kernel.fn)))
     local = {node.target.id: ast.literal_eval(node.value) for node in ast.walk(tree)
              if isinstance(node, ast.AnnAssign) and ast.unparse(node.annotation) == "tl.constexpr"}
-    assert local == op.KERNEL_CONSTANTS
+    assert local == publish_kernel.KERNEL_CONSTANTS
     op._publish_kernel.cache_key  # noqa: B018 (computes the kernel's dependencies)
     assert not op._publish_kernel.used_global_vals
 

@@ -37,25 +37,21 @@ each replay; ``graph20_us``, 20 back-to-back publishes per graph, per publish.
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
-import torch
 import triton
 import triton.language as tl
 
 from strictops.meta.transport import pool as contract
-from strictops.ops.transport import pool as m
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import anchor_module, captured  # noqa: E402
+from transport_lean_publish import _read_lease  # noqa: E402
 from transport_flag_variants import (  # noqa: E402
-    CONSUMERS, SLOTS, _exact, _inputs, sample)
+    CONSUMERS, SLOTS, _inputs, bit_exact, candidate_rows, main_of, original_and_op, sample,
+    write_rows)
 
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20)]
 
@@ -71,20 +67,8 @@ def _cluster_publish_kernel(pool_ptr, src_ptr, lease_ptr, state_ptr, memory_size
     block_start = tl.program_id(0).to(tl.int64) * BLOCK
     offs = tl.arange(0, BLOCK)
     data = tl.load(src_ptr + block_start + offs, volatile=True)
-    start = tl.load(lease_ptr + 0)
-    end = tl.load(lease_ptr + 1)
-    nbytes = tl.load(lease_ptr + 2)
-    slot = tl.load(lease_ptr + 3)
-    generation = tl.load(lease_ptr + 4)
-    ready = tl.load(lease_ptr + 5)
-    ack = tl.load(lease_ptr + 6)
-    fits = (start >= data_start) & (start <= end) & (end <= memory_size)
-    fits = fits & (start % 256 == 0) & (nbytes > 0) & (nbytes <= end - start)
-    fits = fits & (nbytes <= src_nbytes) & (slot >= 0) & (slot < n_slots)
-    fits = fits & (ready == slot * slot_bytes) & (ack == ready + 4)
-    fits = fits & (generation > 0) & (generation <= 0x7FFFFFFF)
-    dst_ptr = pool_ptr + (start // 256) * 256
-    ready_ptr = (pool_ptr + ready).to(tl.pointer_type(tl.int32))
+    fits, nbytes, generation, dst_ptr, ready_ptr = _read_lease(
+        pool_ptr, lease_ptr, memory_size, src_nbytes, data_start, slot_bytes, n_slots)
     if fits & (block_start + BLOCK <= nbytes):
         tl.store(dst_ptr + block_start + offs, data)
     if CLUSTER:
@@ -144,47 +128,18 @@ def _candidate(v: Variant, pool, src, lease_t, state):
 
 
 def measure(out: Path | None) -> None:
-    originals = anchor_module("originals")
     rows = []
     for size, nbytes in SIZES:
         pool, src, lease_t, state, lease = _inputs("cuda", nbytes)
-
-        def original():
-            if originals is not None:
-                originals.transport_publish(pool, src, lease.start, lease.ready_byte_offset,
-                                            lease.generation)
-            else:
-                raise RuntimeError("the original needs .anchor")
-
-        publishers = {"original": original,
-                      "op": lambda: m.copy_and_publish(pool, src, lease_t, state, SLOTS,
-                                                       CONSUMERS)}
+        publishers = original_and_op(pool, src, lease_t, state, lease)
         publishers.update({v.name: _candidate(v, pool, src, lease_t, state) for v in VARIANTS})
-        exact = {name: _exact(p, pool, src, state, lease) and
-                 _exact(captured(p).replay, pool, src, state, lease)
-                 for name, p in publishers.items()}
-        samples = sample(publishers)
-        base = statistics.median(samples["original"]["graph_us"])
-        for name, s in samples.items():
-            row = {"size": size, "bytes": nbytes, "variant": name, "bit_exact": exact[name],
-                   **{k: statistics.median(v) for k, v in s.items()}, "rounds": s}
-            row["original_over_graph_us"] = base / row["graph_us"]
-            rows.append(row)
-            print(f"{size:6s} {name:46s} {row['graph_us']:7.2f} {row['graph20_us']:7.2f} "
-                  f"{row['original_over_graph_us']:6.3f} {exact[name]}", flush=True)
-        del pool, src
-        torch.cuda.empty_cache()
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
-                                  indent=2))
+        exact = bit_exact(publishers, pool, src, state, lease)
+        rows += candidate_rows(size, nbytes, sample(publishers), exact)
+    write_rows(out, rows)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None)
-    measure(ap.parse_args().out)
+    main_of(measure, __doc__)
 
 
 if __name__ == "__main__":

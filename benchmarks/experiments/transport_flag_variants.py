@@ -167,8 +167,9 @@ def _inputs(device: str, nbytes: int):
     return pool, src, torch.tensor(lease, device=device), m.new_state(device), lease
 
 
-def _publishers(pool, src, lease_t, state, lease) -> dict:
-    """Per variant, a function that publishes once on the current stream."""
+def original_and_op(pool, src, lease_t, state, lease) -> dict:
+    """The original's publish and the op's (``consumers`` as the pool's default), each a
+    function that publishes once on the current stream."""
     originals = anchor_module("originals")
     ready_address = pool.data_ptr() + lease.ready_byte_offset
 
@@ -182,6 +183,13 @@ def _publishers(pool, src, lease_t, state, lease) -> dict:
 
     def op():
         m.copy_and_publish(pool, src, lease_t, state, SLOTS, CONSUMERS)
+    return {"original": original, "op": op}
+
+
+def _publishers(pool, src, lease_t, state, lease) -> dict:
+    """Per variant, a function that publishes once on the current stream."""
+    original, op = original_and_op(pool, src, lease_t, state, lease).values()
+    ready_address = pool.data_ptr() + lease.ready_byte_offset
 
     def kernel(v):
         settings = dict(v.settings)
@@ -228,14 +236,50 @@ def sample(publishers: dict) -> dict:
     return samples
 
 
+def bit_exact(publishers: dict, pool, src, state, lease) -> dict:
+    """Per publisher, :func:`_exact` after an eager call and after a CUDA-graph replay."""
+    return {name: _exact(p, pool, src, state, lease) and
+            _exact(captured(p).replay, pool, src, state, lease)
+            for name, p in publishers.items()}
+
+
+def candidate_rows(size: str, nbytes: int, samples: dict, exact: dict) -> list:
+    """One row per publisher of :func:`sample`'s ``samples`` (medians, every round, the
+    original's ``graph_us`` over the publisher's), printed as it is made; ``exact``: the
+    publishers checked bit for bit (None for a bound, which is not)."""
+    base = statistics.median(samples["original"]["graph_us"])
+    rows = []
+    for name, s in samples.items():
+        row = {"size": size, "bytes": nbytes, "variant": name, "bit_exact": exact.get(name),
+               **{k: statistics.median(v) for k, v in s.items()}, "rounds": s}
+        row["original_over_graph_us"] = base / row["graph_us"]
+        rows.append(row)
+        print(f"{size:6s} {name:46s} {row['graph_us']:7.2f} {row['graph20_us']:7.2f} "
+              f"{row['original_over_graph_us']:6.3f} {exact.get(name)}", flush=True)
+    return rows
+
+
+def write_rows(out: Path | None, rows: list) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
+                                  indent=2))
+
+
+def main_of(measure_fn, doc: str) -> None:
+    """An experiment's command line: ``--out`` JSON, passed to ``measure_fn``."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="JSON file for the results")
+    measure_fn(ap.parse_args().out)
+
+
 def measure(out: Path | None) -> None:
     rows = []
     for size, nbytes in SIZES:
         pool, src, lease_t, state, lease = _inputs("cuda", nbytes)
         publishers = _publishers(pool, src, lease_t, state, lease)
-        exact = {name: _exact(p, pool, src, state, lease) and
-                 _exact(captured(p).replay, pool, src, state, lease)
-                 for name, p in publishers.items()}
+        exact = bit_exact(publishers, pool, src, state, lease)
         samples = sample(publishers)
         original = statistics.median(samples[VARIANTS[0].name]["graph_us"])
         for v in VARIANTS:

@@ -39,9 +39,6 @@ vector.
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -55,12 +52,33 @@ from strictops.ops.transport import pool as m
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import anchor_module, captured  # noqa: E402
 from transport_flag_variants import (  # noqa: E402
-    CONSUMERS, SLOTS, _exact, _inputs, sample)
+    CONSUMERS, SLOTS, _inputs, bit_exact, candidate_rows, main_of, original_and_op, sample,
+    write_rows)
 
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20)]
 ARRIVE_NONE, ARRIVE_CTA, ARRIVE_WARP, COPY_ONLY, ARRIVE_SYS_FIRST = 0, 1, 2, 3, 4
+
+
+@triton.jit
+def _read_lease(pool_ptr, lease_ptr, memory_size, src_nbytes, data_start, slot_bytes, n_slots):
+    """The lease read from its tensor and checked with the op's terms (``lease_fits``):
+    ``(fits, nbytes, generation, dst_ptr, ready_ptr)``. Inlined into each kernel here."""
+    start = tl.load(lease_ptr + 0)
+    end = tl.load(lease_ptr + 1)
+    nbytes = tl.load(lease_ptr + 2)
+    slot = tl.load(lease_ptr + 3)
+    generation = tl.load(lease_ptr + 4)
+    ready = tl.load(lease_ptr + 5)
+    ack = tl.load(lease_ptr + 6)
+    fits = (start >= data_start) & (start <= end) & (end <= memory_size)
+    fits = fits & (start % 256 == 0) & (nbytes > 0) & (nbytes <= end - start)
+    fits = fits & (nbytes <= src_nbytes) & (slot >= 0) & (slot < n_slots)
+    fits = fits & (ready == slot * slot_bytes) & (ack == ready + 4)
+    fits = fits & (generation > 0) & (generation <= 0x7FFFFFFF)
+    dst_ptr = pool_ptr + (start // 256) * 256
+    ready_ptr = (pool_ptr + ready).to(tl.pointer_type(tl.int32))
+    return fits, nbytes, generation, dst_ptr, ready_ptr
 
 
 @triton.jit
@@ -85,20 +103,8 @@ def _lean_publish_kernel(pool_ptr, src_ptr, lease_ptr, state_ptr, memory_size, s
         data = tl.load(src_ptr + block_start + offs, volatile=True)
     else:
         data = tl.zeros([BLOCK], dtype=tl.uint8)
-    start = tl.load(lease_ptr + 0)
-    end = tl.load(lease_ptr + 1)
-    nbytes = tl.load(lease_ptr + 2)
-    slot = tl.load(lease_ptr + 3)
-    generation = tl.load(lease_ptr + 4)
-    ready = tl.load(lease_ptr + 5)
-    ack = tl.load(lease_ptr + 6)
-    fits = (start >= data_start) & (start <= end) & (end <= memory_size)
-    fits = fits & (start % 256 == 0) & (nbytes > 0) & (nbytes <= end - start)
-    fits = fits & (nbytes <= src_nbytes) & (slot >= 0) & (slot < n_slots)
-    fits = fits & (ready == slot * slot_bytes) & (ack == ready + 4)
-    fits = fits & (generation > 0) & (generation <= 0x7FFFFFFF)
-    dst_ptr = pool_ptr + (start // 256) * 256
-    ready_ptr = (pool_ptr + ready).to(tl.pointer_type(tl.int32))
+    fits, nbytes, generation, dst_ptr, ready_ptr = _read_lease(
+        pool_ptr, lease_ptr, memory_size, src_nbytes, data_start, slot_bytes, n_slots)
     if fits:
         if block_start + BLOCK <= nbytes:
             tl.store(dst_ptr + block_start + offs, data)
@@ -233,59 +239,31 @@ def _exact_partial(v: Variant, pool, src, state, lease) -> bool:
 
 
 def measure(out: Path | None) -> None:
-    originals = anchor_module("originals")
     rows = []
     for size, nbytes in SIZES:
         pool, src, lease_t, state, lease = _inputs("cuda", nbytes)
         dst = pool[lease.start:lease.start + nbytes]
-
-        def original():
-            originals.transport_publish(pool, src, lease.start, lease.ready_byte_offset,
-                                        lease.generation)
-
-        publishers = {"original": original, "copy_ alone": lambda: dst.copy_(src),
-                      "op": lambda: m.copy_and_publish(pool, src, lease_t, state, SLOTS,
-                                                       CONSUMERS)}
+        publishers = original_and_op(pool, src, lease_t, state, lease)
+        publishers["copy_ alone"] = lambda: dst.copy_(src)
         publishers.update({v.name: _candidate(v, pool, src, lease_t, state) for v in VARIANTS})
         publishers["op, same_device"] = lambda: m.copy_and_publish(
             pool, src, lease_t, state, SLOTS, CONSUMERS, contract.SAME_DEVICE)
         one = torch.zeros(1, device="cuda")
         publishers["bound: trivial kernel"] = lambda: one.add_(1)
-        for block, warps in ((4096, 4),):
-            for volatile in (True,):
-                publishers[f"bound: bare copy {block >> 10}KiB/{warps}w"
-                           f"{' volatile' if volatile else ''}"] = (
-                    lambda block=block, warps=warps, volatile=volatile: _bare_copy_kernel[
-                        (nbytes // block,)](dst, src, BLOCK=block, VOLATILE=volatile,
-                                            num_warps=warps))
-        exact = {name: _exact(p, pool, src, state, lease) and
-                 _exact(captured(p).replay, pool, src, state, lease)
-                 for name, p in publishers.items() if "bound" not in name and name != "copy_ alone"}
+        publishers["bound: bare copy 4KiB/4w volatile"] = lambda: _bare_copy_kernel[
+            (nbytes // 4096,)](dst, src, BLOCK=4096, VOLATILE=True, num_warps=4)
+        exact = bit_exact({name: p for name, p in publishers.items()
+                           if "bound" not in name and name != "copy_ alone"},
+                          pool, src, state, lease)
         for v in VARIANTS:
             if v.candidate:
                 exact[v.name] = exact[v.name] and _exact_partial(v, pool, src, state, lease)
-        samples = sample(publishers)
-        base = statistics.median(samples["original"]["graph_us"])
-        for name, s in samples.items():
-            row = {"size": size, "bytes": nbytes, "variant": name, "bit_exact": exact.get(name),
-                   **{k: statistics.median(v) for k, v in s.items()}, "rounds": s}
-            row["original_over_graph_us"] = base / row["graph_us"]
-            rows.append(row)
-            print(f"{size:6s} {name:42s} {row['graph_us']:7.2f} {row['graph20_us']:7.2f} "
-                  f"{row['original_over_graph_us']:6.3f} {exact.get(name)}", flush=True)
-        del pool, src, dst
-        torch.cuda.empty_cache()
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
-                                  indent=2))
+        rows += candidate_rows(size, nbytes, sample(publishers), exact)
+    write_rows(out, rows)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None)
-    measure(ap.parse_args().out)
+    main_of(measure, __doc__)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
-import triton
 from torch.library import triton_op, wrap_triton
 
 from strictops.meta.transport import pool as contract
@@ -50,8 +49,7 @@ from strictops.ops._runtime.dispatch import (can_skip_dispatcher, device_capabil
 from strictops.ops._runtime.host_path import MISS, HostPath
 from strictops.ops._runtime.interpret import interpreted
 from strictops.ops._runtime.launcher import Launcher, Pointer, keyword_constexprs
-from strictops.ops.transport.publish_kernel import (  # noqa: F401 (names tests reach here)
-    KERNEL_CONSTANTS,
+from strictops.ops.transport.publish_kernel import (
     PHASE_BOTH,
     PHASE_COPY,
     PHASE_FLAG,
