@@ -236,10 +236,12 @@ def _publish_kernel(
         # no memory access across the barrier, so the lease loads, and the checks that wait for
         # them, stay behind this load's issue. Without it ptxas computed the checks first, or
         # unpacked the loaded bytes first, and each program waited for two DRAM round trips in
-        # a row instead of one (sm_90 SASS).
+        # a row instead of one (sm_90 SASS). A lease given as arguments has no load to keep
+        # behind.
         src_vectors = (src_nbytes // _VECTOR * _VECTOR - block_start).to(tl.int32)
         data = tl.load(src_ptr + block_start + offs, mask=offs < src_vectors, volatile=True)
-        tl.debug_barrier()
+        if LEASE_FROM_PTR:
+            tl.debug_barrier()
     elif PHASE == _COPY:
         if PDL:
             gdc_launch_dependents()
