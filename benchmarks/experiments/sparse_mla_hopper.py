@@ -28,8 +28,9 @@ On an H200: each variant against the float64 reference (both d_qk, topk_length, 
 case and variant), then at the four benchmark shapes one line per variant: TFLOPS
 (``do_bench`` median, L2 flushed), the largest absolute ``out`` error, relative errors of
 ``out`` (L2), ``max_logits`` and ``lse`` (largest, relative to ``1 + |value|``) against
-float64, and the number of NaN; at the first shape also on full-range FP8 data. The same rows
-as JSON lines in ``--out``/results.jsonl.
+float64, and the number of NaN; at the first shape also on full-range FP8 data with logits of
+standard deviation 5 and 20 (the benchmark's data sets). The same rows as JSON lines in
+``--out``/results.jsonl.
 
     python benchmarks/experiments/sparse_mla_hopper.py --build
     python benchmarks/experiments/sparse_mla_hopper.py --out $OUT --kernels new new_tr128
@@ -73,9 +74,10 @@ ABLATIONS = {
     "new_no_gather": ([("return idx, (idx >= 0) & (idx < s_kv) & (j < n_rows)",
                         "return idx, (idx >= 0) & (idx < s_kv) & (j < 0)")], {}),
     # no output store (every element masked off): what the epilogue's stores cost
+    # (of O stored from the wgmma layout, the default before O went through shared memory)
     "abl_no_out_store": ([("                 out.to(gl.bfloat16))",
                            "                 out.to(gl.bfloat16), "
-                           "mask=gl.expand_dims(out_rows < 0, 1))")], {}),
+                           "mask=gl.expand_dims(out_rows < 0, 1))")], {"o_smem": False}),
     # the consumers do not wait for each tile's Q: how long its copy keeps them
     "abl_no_q_wait": ([("    if Q_ASYNC or PERSISTENT:\n        mbarrier.wait(q_bar, phase)",
                         "    if Q_ASYNC or PERSISTENT:\n        pass")], {}),
@@ -275,11 +277,12 @@ def check_cases(gen):
     return cases
 
 
-def full_range(shape, gen):
-    """Per-tensor scales with amax -> 448 and logits of std 5 (the benchmark's data)."""
+def full_range(shape, gen, data: str):
+    """Per-tensor scales with amax -> 448 and the logits of the benchmark's data set ``data``
+    (``full_range``: standard deviation 5, ``large_logits``: 20)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench_sparse_mla_prefill import full_range_inputs
-    return full_range_inputs(shape, gen)
+    from bench_sparse_mla_prefill import LOGIT_STDS, full_range_inputs
+    return full_range_inputs(shape, gen, LOGIT_STDS[data])
 
 
 def warm(names) -> None:
@@ -396,7 +399,8 @@ def run_gpu(out_dir: Path, names=None, extra_shapes: bool = False) -> None:
         args = m.random_inputs(dims, gen, invalid_fraction=0.0, edge_rows=False)
         data = {"unit": args}
         if shape == SHAPES[0]:
-            data["full_range"] = full_range(shape, gen)
+            for data_name in ("full_range", "large_logits"):
+                data[data_name] = full_range(shape, gen, data_name)
         full = shape in SHAPES  # the extra shapes: speed only
         for data_name, a in data.items():
             expected = m.reference(**{k: a[k] for k in m.INPUTS}) if full else None
