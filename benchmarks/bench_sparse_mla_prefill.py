@@ -10,7 +10,7 @@ For each shape ``(s_q, s_kv, h_q, d_qk, topk)``, indices uniform in ``[0, s_kv)`
 - ``fp8_gemm_tflops``: the dense FP8 GEMM rate (``torch._scaled_mm`` at 8192³) of this run;
 - ``rel_err_unit``: relative L2 error of ``out`` against the float64 reference on unit-scale
   data (``random_inputs``), with the largest ``max_logits``/``lse`` errors relative to
-  ``1 + |value|``;
+  ``1 + |value|`` and the root mean square of the ``lse`` errors (``lse_rms_err_*``);
 - ``rel_err_full_range`` (first shape only): the same on full-range FP8 (per-tensor scales
   with amax -> 448, logits of standard deviation 5), and ``*_large_logits`` on the same data
   with logits of standard deviation 20, where the rounding of S decides the ``lse`` error;
@@ -115,14 +115,16 @@ def _errors(outputs, expected) -> dict:
     found = {"out": m.relative_l2(outputs[0], expected[0])}
     for name, got, want in zip(("max_logits", "lse"), outputs[1:], expected[1:]):
         finite = want.isfinite()
-        found[name] = float(((got.double() - want)[finite].abs() / (1 + want[finite].abs())).max())
+        err = (got.double() - want)[finite].abs() / (1 + want[finite].abs())
+        found[name], found[name + "_rms"] = float(err.max()), float(err.square().mean().sqrt())
     return found
 
 
 def errors(args: dict, cutlass) -> tuple[dict, dict | None]:
     """The op's and the original's (None where it is not built) errors against one float64
     reference: ``out``'s relative L2 error, the largest ``max_logits``/``lse`` errors relative
-    to ``1 + |value|``."""
+    to ``1 + |value|`` and their root mean square (``*_rms``: the largest is one row's, which
+    changes with the inputs where two kernels round alike)."""
     expected = m.reference(**{k: args[k] for k in m.INPUTS})
     ours = _errors(sparse_mla_q8kv8_prefill_fwd(**args), expected)
     if cutlass is None:
@@ -134,12 +136,12 @@ def errors(args: dict, cutlass) -> tuple[dict, dict | None]:
 
 
 def _error_columns(suffix: str, ours: dict | None, original: dict | None) -> dict:
-    """Row entries ``rel_err_<suffix>``, ``max_logits_err_<suffix>``, ``lse_err_<suffix>``
-    and the original's, prefixed ``original_``."""
+    """Row entries ``rel_err_<suffix>``, ``max_logits_err_<suffix>``, ``lse_err_<suffix>``,
+    ``lse_rms_err_<suffix>`` and the original's, prefixed ``original_``."""
     row = {}
     for prefix, found in (("", ours), ("original_", original)):
         for key, name in (("out", "rel_err"), ("max_logits", "max_logits_err"),
-                          ("lse", "lse_err")):
+                          ("lse", "lse_err"), ("lse_rms", "lse_rms_err")):
             row[f"{prefix}{name}_{suffix}"] = None if found is None else found[key]
     return row
 
@@ -211,7 +213,7 @@ def main() -> None:
                             "vs_original", "fp8_gemm_tflops", "triton_kernel_tflops",
                             "shared_s_kernel_tflops",
                             *(f"{prefix}{name}_{data}" for data in ("unit", *LOGIT_STDS)
-                              for name in ("rel_err", "lse_err")
+                              for name in ("rel_err", "lse_err", "lse_rms_err")
                               for prefix in ("", "original_")),
                             "registers", "spills", "wgmma_fp8", "wgmma_f16", "wgmma_bf16",
                             "mma_sync"], plot=_plot)
