@@ -637,8 +637,8 @@ def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tu
     ``benchmarks/experiments/sparse_mla_hopper.py``) compiles for sm_90 with either V
     transpose by either method, and one CTA a tile, both products are FP8 wgmma (no fp16 P·V),
     exactly as many as on Triton 3.6, each consumer computes the whole S of its own blocks,
-    and the ``vt_ldsm`` transpose is ``ldmatrix.trans`` and ``stmatrix`` with two ``prmt`` per
-    pair of 32-bit words."""
+    the ``vt_ldsm`` transpose is ``ldmatrix.trans`` and ``stmatrix`` with two ``prmt`` per
+    pair of 32-bit words, and only persistent CTAs stagger their start (one ``nanosleep``)."""
     from strictops.ops.sparse_mla import gluon_block_pair as hopper
 
     tr_cons, vt_ldsm = tuning.get("tr_cons", True), tuning.get("vt_ldsm", True)
@@ -656,6 +656,7 @@ def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tu
         assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == (
             transposes + 2 * 2 * 2 + o_stores)
         assert ptx.count("prmt.b32") == ptx.count("0x6420") + ptx.count("0x7531") == 4 * ldsm_t
+    assert ptx.count("nanosleep.u32") == (1 if tuning.get("persistent", True) else 0)
 
 
 # Where the Gluon kernel does not build: its first compile is made to fail (the compat name

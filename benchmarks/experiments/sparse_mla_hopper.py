@@ -8,8 +8,10 @@ Variants (``--kernels``; ``VARIANTS``, the default set in ``DEFAULT``): ``old`` 
 kernel of ``strictops.ops.sparse_mla.gluon_shared_s``), ``cutlass`` (sglang's original, where
 ``.anchor`` has it built), ``new`` (``strictops.ops.sparse_mla.gluon_block_pair`` with its ``TUNING``:
 persistent CTAs, the consumers transposing V with ``ldmatrix.trans`` / ``stmatrix``, 64
-columns a load, after the second P·V, O through shared memory, 232/40 registers), the same
-with one knob changed (``_r224``: 224/56 registers; ``_early``: the transposes whose Vᵀ
+columns a load, after the second P·V, O through shared memory, 232/40 registers, the CTAs
+with a tile of slack started in four staggered groups), the same with one knob changed
+(``_no_stagger``: every CTA starts at once; ``_stagger8``: eight groups; ``_r224``: 224/56
+registers; ``_early``: the transposes whose Vᵀ
 buffer is free while the second P·V runs; ``_vt3``: three Vᵀ buffers; ``_o_global``: O
 stored straight from the wgmma layout, 4 bytes a thread; ``_tr128``: 128 columns a load;
 ``_blocked``: the transpose through a blocked layout, ``LDSM`` + ``PRMT`` + ``STS.64``;
@@ -92,6 +94,8 @@ ABLATIONS = {
 ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "producer_regs": 56}
 VARIANTS = {
     "new": {},
+    "new_no_stagger": {"stagger": 0},
+    "new_stagger8": {"stagger": 8},
     "new_r224": {"consumer_regs": 224, "producer_regs": 56},
     "new_early": {"tr_early": True},
     "new_vt3": {"num_vt": 3},
@@ -109,7 +113,7 @@ VARIANTS = {
     "one_tile_tr128": ONE_TILE | {"tr_cols": 128},
     "one_tile_blocked": ONE_TILE | {"vt_ldsm": False},
 }
-DEFAULT = ["cutlass", "new", "new_vt3", "new_vt3_early", "new_o_global", "one_tile"]
+DEFAULT = ["cutlass", "new", "new_no_stagger", "new_vt3_early", "new_o_global", "one_tile"]
 # Shapes that tell the costs apart (``--extra-shapes``, speed on unit data only): heads,
 # d_qk and topk one at a time from the third benchmark shape, where tiles are shortest.
 EXTRA_SHAPES = [
