@@ -11,8 +11,7 @@ Grid ``(s_q * h_q // 64,)``: CTA ``pid`` computes tile ``pid``, token ``pid // (
 for 64 heads; with ``PERSISTENT`` the grid is at most one CTA per SM and CTA ``pid`` computes
 tiles ``pid``, ``pid + num_programs``, ... below ``n_tiles`` (pair and block numbers, and with
 them every barrier phase, run on across its tiles; the producer gathers the next tile while
-the consumers finish the last one). With ``STAGGER`` groups, a persistent CTA that computes a
-tile fewer than the busiest starts up to three quarters of a tile late (``_stagger``).
+the consumers finish the last one; ``STAGGER``: see ``gluon_shared_s.stagger_start``).
 Q is copied into shared memory before the fork (through registers), or with ``Q_ASYNC`` by the
 consumers after it (``cp.async``, half the heads each, published by ``q_bar``), so that the
 producer starts gathering at once. With ``PERSISTENT`` the producer copies each tile's Q
@@ -93,7 +92,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from strictops.ops._runtime.gluon_compat import async_load, thread_barrier
 from strictops.ops.sparse_mla.gluon_shared_s import (copy_q, launch_kernel, rows_to_attend,
-                                                     store_q, tile_of, tuned,
+                                                     stagger_start, store_q, tile_of, tuned,
                                                      wait_for_prior_grid)
 from strictops.ops.sparse_mla.gluon_transpose import (output_columns, p_columns, store_o_through_vt,
                                                       transpose_block, transpose_ldsm, views16)
@@ -110,10 +109,9 @@ D_V = 512
 # slower), O stored through shared memory 16 bytes a thread (4-byte stores from the wgmma
 # layout cost a sixth of the time at topk 512), 232/40 registers (setmaxnreg obeys 2 * consumer
 # + producer <= 3 * max), a programmatic dependent launch (the CTAs start while the grid
-# before finishes and wait for it before touching memory), the persistent CTAs with a tile of
-# slack started in four staggered groups (their epilogues' stores then do not all meet:
-# 2.5-5% at the 2048-row shapes on the H100, 2 and 8 groups less). Every knob and its
-# measurement: docs/design/sparse_mla_prefill.md
+# before finishes and wait for it before touching memory), CTAs with a tile of slack started in
+# four groups (O's stores then do not all meet). Every knob and its measurement:
+# docs/design/sparse_mla_prefill.md
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
           "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": True,
           "o_smem": True, "consumer_regs": 232, "producer_regs": 40, "max_regs": 168,
@@ -524,26 +522,6 @@ def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr
 
 
 @gluon.jit
-def _stagger(pid, n_tiles, topk_length_ptr, h_q, topk, HAS_TOPK_LENGTH: gl.constexpr,
-             GROUPS: gl.constexpr):
-    """A persistent CTA that computes one tile fewer than the busiest starts late, CTA ``pid``
-    by ``(pid % GROUPS) / GROUPS`` of its first tile's estimated time (3 µs a block pair and
-    3 µs more, from that tile's rows; ``nanosleep``, at most 1 ms), so that the CTAs'
-    epilogues, 64 KiB of O each, do not all reach DRAM at once. It still ends before the
-    busiest CTA where its tiles are alike. The busiest CTAs, and every CTA where all compute
-    as many tiles, start at once."""
-    grid = gl.num_programs(0)
-    if gl.cdiv(n_tiles - pid, grid) < gl.cdiv(n_tiles, grid):
-        token, _ = tile_of(pid, h_q)
-        rows = rows_to_attend(topk_length_ptr, topk_length_ptr, token, topk, 0,
-                              HAS_TOPK_LENGTH, False)
-        tile_ns = gl.maximum(gl.cdiv(rows, 2 * _BLOCK_N), 1) * 3000 + 3000
-        delay = gl.minimum((pid % GROUPS) * tile_ns // GROUPS, 1000000)
-        gl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [delay],
-                                  dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def sparse_mla_hopper_kernel(
     q_ptr,
     kv_ptr,
@@ -638,7 +616,7 @@ def sparse_mla_hopper_kernel(
     if PDL:  # launched as a programmatic dependent: nothing above touches global memory
         wait_for_prior_grid()
     if STAGGER > 0:
-        _stagger(pid, n_tiles, topk_length_ptr, h_q, topk, HAS_TOPK_LENGTH, STAGGER)
+        stagger_start(pid, n_tiles, topk_length_ptr, h_q, topk, HAS_TOPK_LENGTH, STAGGER)
 
     kv_scale = gl.load(kv_scale_ptr)
     # fp32 whatever type sm_scale arrives as (Inductor may pass a Python float as fp64).

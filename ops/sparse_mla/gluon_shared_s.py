@@ -1,7 +1,7 @@
 """The shared-S warp-specialised sm_90 kernel of sparse MLA prefill, in Gluon
 (``triton.experimental``), and the pieces both Gluon kernels share (:func:`launch_kernel`,
 :func:`rows_to_attend`, :func:`store_q`, :func:`tuned`) or the block-pair kernel takes from
-here (:func:`copy_q`, :func:`tile_of`, :func:`wait_for_prior_grid`).
+here (:func:`copy_q`, :func:`stagger_start`, :func:`tile_of`, :func:`wait_for_prior_grid`).
 
 Not the op's default on sm_90 (``strictops.ops.sparse_mla.sm90`` selects; the block-pair
 kernel of ``gluon_block_pair`` runs by default): this kernel runs P·V in fp16, with about
@@ -138,6 +138,27 @@ def tile_of(tile, h_q):
     tiles a token."""
     head_blocks = h_q // _BLOCK_H
     return (tile // head_blocks).to(gl.int64), tile % head_blocks
+
+
+@gluon.jit
+def stagger_start(pid, n_tiles, topk_length_ptr, h_q, topk, HAS_TOPK_LENGTH: gl.constexpr,
+                  GROUPS: gl.constexpr):
+    """For persistent CTAs (CTA ``pid`` computes tiles ``pid``, ``pid + num_programs``, ...
+    below ``n_tiles``): one that computes a tile fewer than the busiest starts late, by
+    ``(pid % GROUPS) / GROUPS`` of its first tile's estimated time (3 µs a pair of 64-row
+    blocks and 3 µs more, from that tile's rows; ``nanosleep``, at most 1 ms), so that the
+    CTAs' epilogues, 64 KiB of O each, do not all reach DRAM at once. It still ends before the
+    busiest CTA where its tiles are alike. The busiest CTAs, and every CTA where all compute
+    as many tiles, start at once."""
+    grid = gl.num_programs(0)
+    if gl.cdiv(n_tiles - pid, grid) < gl.cdiv(n_tiles, grid):
+        token, _ = tile_of(pid, h_q)
+        rows = rows_to_attend(topk_length_ptr, topk_length_ptr, token, topk, 0,
+                              HAS_TOPK_LENGTH, False)
+        tile_ns = gl.maximum(gl.cdiv(rows, 128), 1) * 3000 + 3000
+        delay = gl.minimum((pid % GROUPS) * tile_ns // GROUPS, 1000000)
+        gl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [delay],
+                                  dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
