@@ -126,10 +126,11 @@ def errors(args: dict, cutlass) -> tuple[dict, dict | None]:
     to ``1 + |value|`` and their root mean square (``*_rms``: the largest is one row's, which
     changes with the inputs where two kernels round alike)."""
     expected = m.reference(**{k: args[k] for k in m.INPUTS})
-    ours = _errors(sparse_mla_q8kv8_prefill_fwd(**args), expected)
+    outputs = sparse_mla_q8kv8_prefill_fwd(**args)
+    ours = _errors(outputs, expected)
     if cutlass is None:
         return ours, None
-    outputs = tuple(torch.empty_like(t) for t in sparse_mla_q8kv8_prefill_fwd(**args))
+    outputs = tuple(torch.empty_like(t) for t in outputs)
     cutlass(args["q"], args["kv"], args["indices"], args["q_scale"], args["kv_scale"], *outputs,
             args["sm_scale"], None, None)
     return ours, _errors(outputs, expected)
