@@ -211,8 +211,9 @@ class Report:
         return row
 
     def check_bar(self, row: dict, key: str, op: str, goal: float) -> dict:
-        """Record whether ``row[key] op goal`` (``op``: ``"<="`` or ``">="``) holds."""
-        value = row[key]
+        """Record whether ``row[key] op goal`` (``op``: ``"<="`` or ``">="``) holds; a dotted
+        ``key`` names a value in a nested dict of the row (:func:`cell`)."""
+        value = cell(row, key)
         bar = {"row": {k: v for k, v in row.items() if isinstance(v, str)}, "metric": key,
                "goal": f"{op} {goal}", "value": value,
                "met": value <= goal if op == "<=" else value >= goal}

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transport_lean_publish import _read_lease  # noqa: E402
 from transport_flag_variants import (  # noqa: E402
     CONSUMERS, SLOTS, _inputs, bit_exact, candidate_rows, main_of, original_and_op, sample,
-    write_rows)
+    selected, write_rows)
 
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20)]
 
@@ -127,12 +127,13 @@ def _candidate(v: Variant, pool, src, lease_t, state):
     return publish
 
 
-def measure(out: Path | None) -> None:
+def measure(out: Path | None, only: list | None = None) -> None:
     rows = []
     for size, nbytes in SIZES:
         pool, src, lease_t, state, lease = _inputs("cuda", nbytes)
         publishers = original_and_op(pool, src, lease_t, state, lease)
         publishers.update({v.name: _candidate(v, pool, src, lease_t, state) for v in VARIANTS})
+        publishers = selected(publishers, only)
         exact = bit_exact(publishers, pool, src, state, lease)
         rows += candidate_rows(size, nbytes, sample(publishers), exact)
     write_rows(out, rows)

@@ -266,12 +266,23 @@ def write_rows(out: Path | None, rows: list) -> None:
                                   indent=2))
 
 
+def selected(publishers: dict, only: list | None) -> dict:
+    """``publishers`` whose name holds one of the substrings ``only`` (all where None), and
+    always the original and the op, which every row is compared with."""
+    return {name: p for name, p in publishers.items()
+            if only is None or name in ("original", "op") or any(s in name for s in only)}
+
+
 def main_of(measure_fn, doc: str) -> None:
-    """An experiment's command line: ``--out`` JSON, passed to ``measure_fn``."""
+    """An experiment's command line: ``--out`` JSON and ``--only`` (a list, separated by ``|``,
+    of substrings of publisher names, :func:`selected`), passed to ``measure_fn``."""
     ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="JSON file for the results")
-    measure_fn(ap.parse_args().out)
+    ap.add_argument("--only", type=lambda text: text.split("|"), default=None,
+                    help="time only publishers whose name holds one of these substrings")
+    args = ap.parse_args()
+    measure_fn(args.out, args.only)
 
 
 def measure(out: Path | None) -> None:

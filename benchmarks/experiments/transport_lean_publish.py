@@ -14,7 +14,12 @@ bound is a multiple of 16 and then its last bytes), with switches:
 - ``arrive``: after a CTA barrier, one thread's GPU-scope acquire-release add on the counter
   and, in the last program, the flag's ``st.release.sys`` (``ARRIVE_CTA``, the op's); each
   warp's lane 0 arriving after a warp barrier (``ARRIVE_WARP``); a system-scope fence in every
-  program before a relaxed add, and again in the last (``ARRIVE_SYS_FIRST``).
+  program before a relaxed add, and again in the last (``ARRIVE_SYS_FIRST``);
+- ``prefetch``: thread 0 of each program asks L2 for the counter's line
+  (``prefetch.global.L2``) right after issuing the source load. The flush before each replay
+  leaves that line in DRAM, so without it each arrival's atomic waits for a DRAM round trip
+  after the program's copy; in the sm_90 SASS the prefetch (``CCTL.E.PF2``) issues after the
+  source loads and before the CTA barrier, so that round trip overlaps the copy's.
 
 What orders the bytes before the flag (``ARRIVE_CTA``): each thread's stores precede the
 barrier; the arriving thread's ``atom.acq_rel.gpu`` releases them, cumulatively, and the last
@@ -35,6 +40,10 @@ call and after a replay, also with an ``nbytes`` that ends inside a block and in
 vector.
 
     python benchmarks/experiments/transport_lean_publish.py --out $OUT/lean_publish.json
+    python benchmarks/experiments/transport_lean_publish.py --only "prefetch|GPU scope"
+
+``--only`` times the publishers whose name holds one of the ``|``-separated substrings, beside
+the original and the op.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transport_flag_variants import (  # noqa: E402
     CONSUMERS, SLOTS, _inputs, bit_exact, candidate_rows, main_of, original_and_op, sample,
-    write_rows)
+    selected, write_rows)
 
 SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20)]
 ARRIVE_NONE, ARRIVE_CTA, ARRIVE_WARP, COPY_ONLY, ARRIVE_SYS_FIRST = 0, 1, 2, 3, 4
@@ -85,9 +94,11 @@ def _read_lease(pool_ptr, lease_ptr, memory_size, src_nbytes, data_start, slot_b
 def _lean_publish_kernel(pool_ptr, src_ptr, lease_ptr, state_ptr, memory_size, src_nbytes,
                          data_start, slot_bytes, n_slots, BLOCK: tl.constexpr,
                          ARRIVE: tl.constexpr, LAST: tl.constexpr, SYSTEM: tl.constexpr,
-                         HOIST: tl.constexpr):
+                         HOIST: tl.constexpr, PREFETCH: tl.constexpr):
     """Grid ``(cdiv(src_nbytes, BLOCK),)``. ``LAST``: the number of arrivals less one
-    (programs, or programs times warps for ``ARRIVE_WARP``)."""
+    (programs, or programs times warps for ``ARRIVE_WARP``). ``PREFETCH``: thread 0 of each
+    program asks L2 for the counter's line (``prefetch.global.L2``) after issuing the source
+    load, so that the arrivals do not wait for its DRAM round trip when L2 is cold."""
     block_start = tl.program_id(0).to(tl.int64) * BLOCK
     offs = tl.arange(0, BLOCK)
     if HOIST:
@@ -95,6 +106,11 @@ def _lean_publish_kernel(pool_ptr, src_ptr, lease_ptr, state_ptr, memory_size, s
         # is a multiple of 16 keeps 16-byte accesses), so no branch holds the load back.
         src_vectors = (src_nbytes // 16 * 16 - block_start).to(tl.int32)
         data = tl.load(src_ptr + block_start + offs, mask=offs < src_vectors, volatile=True)
+        if PREFETCH:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;"
+                " @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                "=r,l", [state_ptr], dtype=tl.int32, is_pure=False, pack=1)
         if HOIST == 2:
             # ptxas moves no memory access across a CTA barrier: the lease loads, and the
             # checks that wait for them, stay behind the source load's issue.
@@ -188,6 +204,7 @@ class Variant(NamedTuple):
     system: bool = True
     candidate: bool = True
     hoist: int = 0  # 1: the source load unconditional; 2: and a CTA barrier after it
+    prefetch: bool = False  # the counter's line asked of L2 at the start
 
 
 VARIANTS = [
@@ -199,6 +216,12 @@ VARIANTS = [
     Variant("lean 16KiB/8w, hoisted, barrier", 16384, 8, hoist=2),
     Variant("lean 4KiB/4w, hoisted, warp arrivals", 4096, 4, ARRIVE_WARP, hoist=2),
     Variant("lean 8KiB/8w, hoisted, sys fence first", 8192, 8, ARRIVE_SYS_FIRST, hoist=2),
+    Variant("lean 8KiB/8w, hoisted, barrier, prefetch", 8192, 8, hoist=2, prefetch=True),
+    Variant("lean 4KiB/4w, hoisted, barrier, prefetch", 4096, 4, hoist=2, prefetch=True),
+    Variant("lean 2KiB/4w, hoisted, barrier, prefetch", 2048, 4, hoist=2, prefetch=True),
+    Variant("lean 16KiB/8w, hoisted, barrier, prefetch", 16384, 8, hoist=2, prefetch=True),
+    Variant("lean 16KiB/16w, hoisted, barrier, prefetch", 16384, 16, hoist=2, prefetch=True),
+    Variant("bound: 8KiB/8w GPU scope, prefetch", 8192, 8, ARRIVE_CTA, False, False, 2, True),
     Variant("bound: 4KiB/4w GPU scope, barrier", 4096, 4, ARRIVE_CTA, False, False, 2),
     Variant("bound: 4KiB/4w no counter, barrier", 4096, 4, ARRIVE_NONE, True, False, 2),
     Variant("bound: 4KiB/4w copy only, barrier", 4096, 4, COPY_ONLY, True, False, 2),
@@ -216,7 +239,7 @@ def _candidate(v: Variant, pool, src, lease_t, state):
     def publish():
         _lean_publish_kernel[(programs,)](pool, src, lease_t, state, *layout, BLOCK=v.block,
                                           ARRIVE=v.arrive, LAST=last, SYSTEM=v.system,
-                                          HOIST=v.hoist,
+                                          HOIST=v.hoist, PREFETCH=v.prefetch,
                                           num_warps=v.num_warps)
     return publish
 
@@ -238,7 +261,7 @@ def _exact_partial(v: Variant, pool, src, state, lease) -> bool:
     return bool(ok)
 
 
-def measure(out: Path | None) -> None:
+def measure(out: Path | None, only: list | None = None) -> None:
     rows = []
     for size, nbytes in SIZES:
         pool, src, lease_t, state, lease = _inputs("cuda", nbytes)
@@ -252,11 +275,12 @@ def measure(out: Path | None) -> None:
         publishers["bound: trivial kernel"] = lambda: one.add_(1)
         publishers["bound: bare copy 4KiB/4w volatile"] = lambda: _bare_copy_kernel[
             (nbytes // 4096,)](dst, src, BLOCK=4096, VOLATILE=True, num_warps=4)
+        publishers = selected(publishers, only)
         exact = bit_exact({name: p for name, p in publishers.items()
                            if "bound" not in name and name != "copy_ alone"},
                           pool, src, state, lease)
         for v in VARIANTS:
-            if v.candidate:
+            if v.candidate and v.name in publishers:
                 exact[v.name] = exact[v.name] and _exact_partial(v, pool, src, state, lease)
         rows += candidate_rows(size, nbytes, sample(publishers), exact)
     write_rows(out, rows)
