@@ -27,7 +27,9 @@ one acquires every earlier arrival's; its ``st.release.sys`` of the flag is cumu
 orders every store that happens before it, for observers anywhere in the system.
 
 Bounds, not candidates: ``copy only`` (no counter, no flag); ``no counter`` (program 0 writes
-the flag after its own stores: nothing orders the other programs' bytes); ``GPU scope`` (the
+the flag after its own stores: nothing orders the other programs' bytes); ``one program ... no
+counter`` (the same with one 64 KiB program, which at 64 KiB is a correct publish: its own
+stores are all the bytes, so no counter is needed; the price is one SM's bandwidth); ``GPU scope`` (the
 flag's release at GPU scope) and the op with ``consumers="same_device"``: the system scope's
 cost; ``copy_`` alone, the original's copy node without its write node; a bare copy kernel
 (addresses as arguments, no lease); the one-element ``add_`` (a graph's launch floor).
@@ -224,6 +226,8 @@ VARIANTS = [
     Variant("bound: 8KiB/8w GPU scope, prefetch", 8192, 8, ARRIVE_CTA, False, False, 2, True),
     Variant("bound: 4KiB/4w GPU scope, barrier", 4096, 4, ARRIVE_CTA, False, False, 2),
     Variant("bound: 4KiB/4w no counter, barrier", 4096, 4, ARRIVE_NONE, True, False, 2),
+    Variant("bound: one program 64KiB/32w, no counter", 65536, 32, ARRIVE_NONE, True, False, 2),
+    Variant("bound: one program 64KiB/16w, no counter", 65536, 16, ARRIVE_NONE, True, False, 2),
     Variant("bound: 4KiB/4w copy only, barrier", 4096, 4, COPY_ONLY, True, False, 2),
     Variant("bound: 4KiB/4w copy only", 4096, 4, COPY_ONLY, True, False),
 ]
