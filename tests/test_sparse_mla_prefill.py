@@ -659,6 +659,22 @@ def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tu
     assert ptx.count("nanosleep.u32") == (1 if tuning.get("persistent", True) else 0)
 
 
+@pytest.mark.skipif(op._sparse_mla_sm90 is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+def test_hopper_kernel_qk_chains_start_from_the_offset_only_where_asked(d_qk):
+    """Without a GPU: a Q·Kᵀ chain that starts from 0 is a ``wgmma`` m64n64k32 whose
+    accumulator input is off (a literal 0 operand). The default starts each consumer's two
+    chains from 0 (the peeled first pair's and the loop's); ``qk_prec`` 1 starts the loop's from
+    the offset in registers; ``qk_prec`` 2 splits the first pair's into two chains from 0
+    (``gluon_mma``). Each builds with the default's products."""
+    from_zero = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3\s*"
+                           r"\{[^}]*\},\s*[^,]+,\s*[^,]+,\s*0\s*,")
+    for qk_prec, starts in ((0, 2 * 2), (1, 2 * 1), (2, 2 * 2)):
+        ptx = _sm90_ptx("block_pair", d_qk, qk_prec=qk_prec)
+        assert _wgmma(ptx) == WGMMA["block_pair", d_qk]
+        assert len(from_zero.findall(ptx)) == starts, qk_prec
+
+
 # Where the Gluon kernel does not build: its first compile is made to fail (the compat name
 # the block-pair kernel calls resolves to nothing, as ``thread_barrier`` did from Triton 3.7 on),
 # without a GPU: CPU tensors, the contract stood in for (its own tests cover it), the Gluon
@@ -925,15 +941,16 @@ def _launch_block_pair(args: dict, outputs: tuple, **tuning) -> None:
 @pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
                                     {"tr_cols": 128}, {"num_vt": 3, "tr_early": True},
                                     {"tr_early": True}, {"o_smem": False},
+                                    {"qk_prec": 1}, {"qk_prec": 2},
                                     ONE_TILE, ONE_TILE | {"tr_early": True, "q_async": True}],
                          ids=["default", "blocked-transpose", "producer-transpose", "tr128",
-                              "3-buffers-early", "early", "o-global", "one-tile",
-                              "one-tile-early-q-async"])
+                              "3-buffers-early", "early", "o-global", "qk-offset",
+                              "qk-offset-split-first", "one-tile", "one-tile-early-q-async"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
     """The block-pair kernel (``gluon_block_pair``, the op's default on sm_90) on an sm_90 GPU
-    with each V transpose, schedule and store of O: poisoned buffers, invalid indices, empty
-    rows, partial lengths, attn_sink; within the GPU bounds of float64 (its P·V in FP8 costs
-    accuracy), nothing counted."""
+    with each V transpose, schedule, store of O and Q·Kᵀ chain start: poisoned buffers,
+    invalid indices, empty rows, partial lengths, attn_sink; within the GPU bounds of float64
+    (its P·V in FP8 costs accuracy), nothing counted."""
     _block_pair()
     gen, seed = _fresh_generator()
     dims = contract.Dims(s_q=96, s_kv=3000, h_q=128, d_qk=d_qk, topk=512, with_topk_length=True,

@@ -33,6 +33,8 @@ Three warpgroups (12 warps), one CTA per SM (184,432 / 196,720 bytes of shared m
   rowmax(S_2p+1))``; P of block ``2p`` is relative to ``m0``, of block ``2p + 1`` to ``m1``,
   and each consumer rescales its O to ``m0`` before the first P·V of a pair and to ``m1``
   before the second. The second P·V of pair ``p`` is issued with the Q·Kᵀ of pair ``p + 1``.
+  ``QK_PREC`` > 0 starts the Q·Kᵀ chains from an offset of half the row's running maximum
+  (``gluon_mma``; 0, the default, from zero).
 - V transpose (``TR_CONS``): each consumer transposes its own half of V of both blocks of a
   pair into ``vt[b % NUM_VT]`` (block ``b``) while its Q·Kᵀ runs; otherwise the producer
   transposes block ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``. With
@@ -94,6 +96,8 @@ from strictops.ops._runtime.gluon_compat import async_load, thread_barrier
 from strictops.ops.sparse_mla.gluon_shared_s import (copy_q, launch_kernel, rows_to_attend,
                                                      stagger_start, store_q, tile_of, tuned,
                                                      wait_for_prior_grid)
+from strictops.ops.sparse_mla.gluon_mma import (issue_pv2, issue_qk, issue_qk_split, qk_offset,
+                                                 wait_qk)
 from strictops.ops.sparse_mla.gluon_transpose import (output_columns, p_columns, store_o_through_vt,
                                                       transpose_block, transpose_ldsm, views16)
 
@@ -115,7 +119,7 @@ D_V = 512
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
           "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": True,
           "o_smem": True, "consumer_regs": 232, "producer_regs": 40, "max_regs": 168,
-          "pdl": True, "stagger": 4}
+          "pdl": True, "stagger": 4, "qk_prec": 0}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
@@ -261,41 +265,14 @@ def _produce(kv_ptr, indices_ptr, q_ptr, token, n_rows, s_kv, h_q, topk, head0, 
 
 
 @gluon.jit
-def _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, i, D_QK: gl.constexpr,
-              NUM_STAGES: gl.constexpr):
-    """Start S = Q·Kᵀ of block ``i`` (asynchronous); returns its token."""
-    s = i % NUM_STAGES
-    mbarrier.wait(k_ready.index(s), (i // NUM_STAGES) & 1)
-    fence_async_shared()  # cp.async writes, then wgmma (async proxy) reads
-    st = warpgroup_mma(q_nope, k_nope.index(s).permute((1, 0)), s_zero, use_acc=False,
-                       is_async=True)
-    if D_QK > 512:
-        st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
-    return st
-
-
-@gluon.jit
-def _issue_pv2(C: gl.constexpr, p, acc, p_smem, vt, vt_ready, p_bar, NUM_VT: gl.constexpr,
-               TR_CONS: gl.constexpr):
-    """Start the second P·V of pair ``p`` (block ``2p + 1``) into ``acc``; returns its token."""
-    b = 2 * p + 1
-    v = b % NUM_VT
-    if not TR_CONS:
-        mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
-    if C == 0:
-        mbarrier.wait(p_bar.index(1), p & 1)
-    return warpgroup_mma(p_smem.index(2 * (p & 1) + 1),
-                         vt.index(v).slice(C * 256, 256, dim=0).permute((1, 0)), acc,
-                         is_async=True)
-
-
-@gluon.jit
-def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx, vt,
-                 k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES: gl.constexpr,
-                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, VT_LDSM: gl.constexpr):
-    """Softmax of this consumer's block ``2p + C`` (S in ``sc``), the max chain, P to shared
-    memory, and the first P·V of pair ``p`` (block ``2p``). Returns ``acc`` and ``l_i``
-    relative to ``m1`` and ``m1``, the pair's final maximum."""
+def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, off, bias, p_smem, mx,
+                 vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES: gl.constexpr,
+                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, VT_LDSM: gl.constexpr,
+                 OFFSET: gl.constexpr):
+    """Softmax of this consumer's block ``2p + C`` (S in ``sc``; with ``OFFSET`` S less ``c``
+    a row, ``off = c * scale_log2``: ``gluon_mma``), the max chain, P to shared memory, and the
+    first P·V of pair ``p`` (block ``2p``). Returns ``acc`` and ``l_i`` relative to ``m1`` and
+    ``m1``, the pair's final maximum."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -307,6 +284,8 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
     t = sc * scale_log2 + gl.expand_dims(bias.index(s).load(col_s), 0)
     mbarrier.arrive(k_free.index(s))
     m_blk = gl.max(t, 1)
+    if OFFSET:
+        m_blk = m_blk + off
     if C == 0:
         m_new = gl.maximum(m_run, m_blk)
         mx.index(2 * par).store(m_new)
@@ -323,7 +302,10 @@ def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, bias, p_sm
     # While every row so far was invalid the max is -inf; a reference of 0 keeps
     # 2^(-inf - ref) at 0 rather than NaN.
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-    pr = gl.exp2(t - gl.expand_dims(m_ref - _HEADROOM, 1))
+    shift = m_ref - _HEADROOM
+    if OFFSET:
+        shift = shift - off
+    pr = gl.exp2(t - gl.expand_dims(shift, 1))
     l_i = l_i * gl.exp2(m_run - m_ref) + gl.sum(pr, 1)
     p8 = pr.to(gl.float8e4nv)
     if VT_LDSM:  # column σ(n) of P meets column σ(n) of Vᵀ
@@ -366,7 +348,8 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
               D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_CONS: gl.constexpr,
               TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr,
-              Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr, O_SMEM: gl.constexpr):
+              Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr, O_SMEM: gl.constexpr,
+              QK_PREC: gl.constexpr):
     """Consumer ``C`` of the CTA's tile, or (``PERSISTENT``) of its tiles ``pid``, ``pid +
     num_programs``, ... below ``n_tiles``: pair numbers and barrier phases run on across
     tiles."""
@@ -382,7 +365,7 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                            kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem,
                            mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
                            q_bar, q_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
-                           TR_COLS, VT_LDSM, TR_EARLY, False, True, O_SMEM)
+                           TR_COLS, VT_LDSM, TR_EARLY, False, True, O_SMEM, QK_PREC)
             pairs += gl.maximum(gl.cdiv(rows, 2 * _BLOCK_N), 1)
             t += 1
     else:
@@ -390,7 +373,8 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
                        h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope,
                        vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
                        mx_bar, l_bar, q_bar, q_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT,
-                       TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, False, O_SMEM)
+                       TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, False, O_SMEM,
+                       QK_PREC)
 
 
 @gluon.jit
@@ -401,7 +385,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
                    HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
                    TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
                    TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr,
-                   O_SMEM: gl.constexpr):
+                   O_SMEM: gl.constexpr, QK_PREC: gl.constexpr):
     """Consumer ``C`` of one tile: blocks ``2p + C`` (pairs numbered from ``P0``), output
     columns ``[256C, 256C + 256)``; consumer 1 also writes ``max_logits`` and ``lse``.
     ``phase``: of ``l_bar``, ``q_bar`` and ``q_free`` in this tile. Q is in shared memory
@@ -424,26 +408,36 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     if Q_ASYNC or PERSISTENT:
         mbarrier.wait(q_bar, phase)
     # Pair 0 is peeled: carrying a Q·Kᵀ token across the loop's back edge makes ptxas
-    # serialise every wgmma.
-    st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * P0 + C, D_QK,
-                   NUM_STAGES)
+    # serialise every wgmma. QK_PREC: gluon_mma.
+    if QK_PREC == 2:
+        st0 = issue_qk_split(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * P0 + C, D_QK,
+                             NUM_STAGES)
+    else:
+        st0 = issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * P0 + C, D_QK,
+                       NUM_STAGES, False)
     if TR_CONS:
         for q in gl.static_range(2):
             transpose_block(C, q, P0, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
                              TR_COLS, VT_LDSM)
         fence_async_shared()  # generic stores, then wgmma (async proxy) reads
         thread_barrier()
-    sc = warpgroup_mma_wait(0, deps=(st, ))
+    sc = wait_qk(st0, QK_PREC == 2)
     if PERSISTENT:
         if n_pairs == 1:  # this consumer's last Q·Kᵀ of the tile: the next tile's Q may land
             mbarrier.arrive(q_free)
-    acc, m_run, l_i = _softmax_pv1(C, P0, sc, acc, m_run, l_i, scale_log2, bias, p_smem, mx,
-                                   vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
-                                   NUM_VT, TR_CONS, VT_LDSM)
+    acc, m_run, l_i = _softmax_pv1(C, P0, sc, acc, m_run, l_i, scale_log2, 0.0, bias, p_smem,
+                                   mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
+                                   NUM_VT, TR_CONS, VT_LDSM, False)
+    inv_scale_log2 = 1.0 / scale_log2  # for QK_PREC
     for p in range(1, n_pairs):
-        pv = _issue_pv2(C, P0 + p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
-        st = _issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * (P0 + p) + C, D_QK,
-                       NUM_STAGES)
+        pv = issue_pv2(C, P0 + p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
+        s_init = s_zero
+        off = 0.0
+        if QK_PREC > 0:
+            c, off = qk_offset(m_run, scale_log2, inv_scale_log2)
+            s_init = s_zero - gl.expand_dims(c, 1)
+        st = issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_init, 2 * (P0 + p) + C, D_QK,
+                      NUM_STAGES, QK_PREC > 0)
         # With TR_EARLY, the blocks whose Vᵀ buffer the second P·V of pair p - 1 does not read
         # (the first only with two buffers: its buffer's last reader, the first P·V of pair
         # p - 1, is done) are transposed while it runs.
@@ -464,10 +458,10 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
         if PERSISTENT:
             if p == n_pairs - 1:
                 mbarrier.arrive(q_free)
-        acc, m_run, l_i = _softmax_pv1(C, P0 + p, sc, acc, m_run, l_i, scale_log2, bias,
+        acc, m_run, l_i = _softmax_pv1(C, P0 + p, sc, acc, m_run, l_i, scale_log2, off, bias,
                                        p_smem, mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
-                                       NUM_STAGES, NUM_VT, TR_CONS, VT_LDSM)
-    pv = _issue_pv2(C, P0 + n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
+                                       NUM_STAGES, NUM_VT, TR_CONS, VT_LDSM, QK_PREC > 0)
+    pv = issue_pv2(C, P0 + n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
     acc = warpgroup_mma_wait(0, deps=(pv, ))
     if not TR_CONS:  # the producer transposes the next tile's blocks into this buffer
         mbarrier.arrive(vt_free.index(2 * ((2 * (P0 + n_pairs) - 1) % NUM_VT) + C))
@@ -512,13 +506,12 @@ def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr
                 HAS_TOPK_LENGTH: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
                 TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
                 TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr,
-                O_SMEM: gl.constexpr):
+                O_SMEM: gl.constexpr, QK_PREC: gl.constexpr):
     _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token, head0,
               h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope,
               k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
               mx_bar, l_bar, q_bar, q_free, D_QK, HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES,
-              NUM_VT,
-              TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM)
+              NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM, QK_PREC)
 
 
 @gluon.jit
@@ -557,6 +550,7 @@ def sparse_mla_hopper_kernel(
     PRODUCER_REGS: gl.constexpr,
     PDL: gl.constexpr,
     STAGGER: gl.constexpr,
+    QK_PREC: gl.constexpr,
 ):
     """Attention of one token and 64 heads (CTA ``pid``: token ``pid // (h_q // 64)``).
 
@@ -641,13 +635,13 @@ def sparse_mla_hopper_kernel(
                      q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
                      vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK,
                      HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                     VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM)),
+                     VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM, QK_PREC)),
         (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,
                        head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope,
                        q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
                        vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK,
                        HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                       VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM)),
+                       VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM, QK_PREC)),
         (_producer, (kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, q_ptr, token, n_rows,
                      s_kv, h_q, topk, n_tiles, q_nope, q_rope, k_nope, k_rope, vt, bias,
                      idx_smem, k_ready, k_free, vt_ready, vt_free, q_bar, q_free, D_QK,
@@ -668,7 +662,8 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
                 PERSISTENT=t["persistent"],
                 O_SMEM=t["o_smem"] and t["tr_cons"],  # through the consumers' Vᵀ halves
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"],
-                PDL=t["pdl"], STAGGER=t["stagger"] if t["persistent"] else 0)
+                PDL=t["pdl"], STAGGER=t["stagger"] if t["persistent"] else 0,
+                QK_PREC=t["qk_prec"])
 
 
 def launch(*args, **tuning):

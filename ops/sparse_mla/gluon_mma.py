@@ -1,0 +1,104 @@
+"""The block-pair kernel's (``gluon_block_pair``) ``wgmma`` issues: S = Q·Kᵀ of one 64-row
+block, with what keeps its rounding small at large logits, and the second P·V of a pair.
+
+One block's S is a chain of FP8 ``wgmma`` k-steps (m64n64k32: 16 over the 512 latent columns,
+2 more over the 64 rope columns) into one fp32 accumulator. Hopper's FP8 ``wgmma`` adds each
+step into the accumulator keeping fewer bits than fp32 (about 14), so every step of a large
+S's chain loses bits in proportion to the accumulator's magnitude, and the row's largest S,
+which decides its ``lse`` and ``max_logits``, loses the most. ``QK_PREC`` (compile time) picks:
+
+- 0: every chain starts from 0;
+- 1: the chain of a pair after a tile's first starts from ``-c`` in each row, ``c`` half the
+  row's running maximum in S units (:func:`qk_offset`). The row's largest S then runs from
+  ``-c`` to about ``+c`` instead of from 0 to about ``2c``: half the magnitude on average
+  along its chain. The softmax is invariant to a row's shift, so the consumer adds ``c``
+  (scaled) back to the row's maximum only, not to each S;
+- 2: as 1, and the tile's first pair, which has no running maximum yet, as two chains
+  (latent columns ``[0, 256)``; ``[256, 512)`` and rope) summed once (:func:`issue_qk_split`).
+
+``docs/design/sparse_mla_prefill.md`` gives the error model behind this and the measurements.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+__all__ = ["issue_pv2", "issue_qk", "issue_qk_split", "qk_offset", "wait_qk"]
+
+
+@gluon.jit
+def issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_init, i, D_QK: gl.constexpr,
+             NUM_STAGES: gl.constexpr, USE_INIT: gl.constexpr):
+    """Start S = Q·Kᵀ of block ``i`` (asynchronous) into a chain that starts from ``s_init``
+    (``USE_INIT``) or from 0; returns its token."""
+    s = i % NUM_STAGES
+    mbarrier.wait(k_ready.index(s), (i // NUM_STAGES) & 1)
+    fence_async_shared()  # cp.async writes, then wgmma (async proxy) reads
+    st = warpgroup_mma(q_nope, k_nope.index(s).permute((1, 0)), s_init, use_acc=USE_INIT,
+                       is_async=True)
+    if D_QK > 512:
+        st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
+    return st
+
+
+@gluon.jit
+def issue_qk_split(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, i, D_QK: gl.constexpr,
+                   NUM_STAGES: gl.constexpr):
+    """Start S of block ``i`` as two chains from 0 (latent columns ``[0, 256)``; ``[256,
+    512)`` and rope); returns their two tokens (:func:`wait_qk` sums them)."""
+    s = i % NUM_STAGES
+    mbarrier.wait(k_ready.index(s), (i // NUM_STAGES) & 1)
+    fence_async_shared()  # cp.async writes, then wgmma (async proxy) reads
+    k = k_nope.index(s)
+    sa = warpgroup_mma(q_nope.slice(0, 256, dim=1), k.slice(0, 256, dim=1).permute((1, 0)),
+                       s_zero, use_acc=False, is_async=True)
+    sb = warpgroup_mma(q_nope.slice(256, 256, dim=1), k.slice(256, 256, dim=1).permute((1, 0)),
+                       s_zero, use_acc=False, is_async=True)
+    if D_QK > 512:
+        sb = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), sb, is_async=True)
+    return sa, sb
+
+
+@gluon.jit
+def wait_qk(st, SPLIT: gl.constexpr):
+    """Wait for every outstanding ``wgmma`` and return S from :func:`issue_qk`'s token, or
+    (``SPLIT``) the sum of :func:`issue_qk_split`'s two."""
+    if SPLIT:
+        sa, sb = warpgroup_mma_wait(0, deps=st)
+        return sa + sb
+    else:
+        return warpgroup_mma_wait(0, deps=(st, ))
+
+
+@gluon.jit
+def qk_offset(m_run, scale_log2, inv_scale_log2):
+    """``(c, off)`` for rows whose running maximum of ``t = s * scale_log2 + bias`` is
+    ``m_run`` (``inv_scale_log2 = 1 / scale_log2``): the chain starts from ``-c``, half the
+    maximum in S units (0 where that is not finite: no valid row yet, a scale of 0 or a
+    subnormal one), and the softmax adds ``off = c * scale_log2`` back to the row's
+    maximum."""
+    c = 0.5 * m_run * inv_scale_log2
+    c = gl.where(gl.abs(c) < float("inf"), c, 0.0)
+    return c, c * scale_log2
+
+
+@gluon.jit
+def issue_pv2(C: gl.constexpr, p, acc, p_smem, vt, vt_ready, p_bar, NUM_VT: gl.constexpr,
+              TR_CONS: gl.constexpr):
+    """Start the second P·V of pair ``p`` (block ``2p + 1``) into ``acc``; returns its token."""
+    b = 2 * p + 1
+    v = b % NUM_VT
+    if not TR_CONS:
+        mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
+    if C == 0:
+        mbarrier.wait(p_bar.index(1), p & 1)
+    return warpgroup_mma(p_smem.index(2 * (p & 1) + 1),
+                         vt.index(v).slice(C * 256, 256, dim=0).permute((1, 0)), acc,
+                         is_async=True)
