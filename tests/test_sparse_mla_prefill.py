@@ -675,6 +675,29 @@ def test_hopper_kernel_qk_chains_start_from_the_offset_only_where_asked(d_qk):
         assert len(from_zero.findall(ptx)) == starts, qk_prec
 
 
+# The block-pair kernel with one CTA a tile (the default is persistent).
+ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "producer_regs": 56}
+
+
+@pytest.mark.skipif(op._sparse_mla_sm90 is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("d_qk", contract.D_QKS)
+@pytest.mark.parametrize("tuning", [{}, ONE_TILE], ids=["persistent", "one-tile"])
+def test_hopper_kernel_stores_o_by_tma_where_asked(d_qk, tuning):
+    """Without a GPU: with ``o_tma`` each consumer sends its O as four TMA stores of [64, 64]
+    (a 2-D bulk tensor copy from shared memory, each its own group) and no thread stores
+    O's rows; its descriptor takes 128 bytes of Triton's global scratch a consumer and CTA.
+    The default stores O's rows from the threads (16 bytes each) and needs no scratch."""
+    bulk = "cp.async.bulk.tensor.2d.global.shared::cta"
+    for o_tma in (False, True):
+        compiled = op._sparse_mla_sm90.compile_for_sm90("block_pair", d_qk, o_tma=o_tma,
+                                                        **tuning)
+        ptx = compiled.asm["ptx"]
+        assert _wgmma(ptx) == WGMMA["block_pair", d_qk]
+        assert ptx.count(bulk) == (2 * 4 if o_tma else 0)
+        assert ptx.count("st.global.v4") == (0 if o_tma else 2 * 16)
+        assert compiled.metadata.global_scratch_size == (2 * 128 if o_tma else 0)
+
+
 # Where the Gluon kernel does not build: its first compile is made to fail (the compat name
 # the block-pair kernel calls resolves to nothing, as ``thread_barrier`` did from Triton 3.7 on),
 # without a GPU: CPU tensors, the contract stood in for (its own tests cover it), the Gluon
@@ -918,10 +941,6 @@ def test_gpu_hopper_runs_a_warp_specialized_kernel_close_to_the_triton_one(monke
     assert torch.allclose(ours[2], theirs[2], rtol=1e-4, atol=1e-4), f"seed {seed}"
 
 
-# The block-pair kernel with one CTA a tile (the default is persistent).
-ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "producer_regs": 56}
-
-
 def _block_pair():
     """``strictops.ops.sparse_mla.gluon_block_pair``; the test is skipped without Gluon or sm_90."""
     if op._sparse_mla_sm90 is None or torch.cuda.get_device_capability() != (9, 0):
@@ -941,11 +960,12 @@ def _launch_block_pair(args: dict, outputs: tuple, **tuning) -> None:
 @pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
                                     {"tr_cols": 128}, {"num_vt": 3, "tr_early": True},
                                     {"tr_early": True}, {"o_smem": False},
-                                    {"qk_prec": 1}, {"qk_prec": 2},
+                                    {"qk_prec": 1}, {"qk_prec": 2}, {"o_tma": True},
                                     ONE_TILE, ONE_TILE | {"tr_early": True, "q_async": True}],
                          ids=["default", "blocked-transpose", "producer-transpose", "tr128",
                               "3-buffers-early", "early", "o-global", "qk-offset",
-                              "qk-offset-split-first", "one-tile", "one-tile-early-q-async"])
+                              "qk-offset-split-first", "o-tma", "one-tile",
+                              "one-tile-early-q-async"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
     """The block-pair kernel (``gluon_block_pair``, the op's default on sm_90) on an sm_90 GPU
     with each V transpose, schedule, store of O and Q·Kᵀ chain start: poisoned buffers,

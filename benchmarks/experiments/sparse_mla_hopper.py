@@ -16,7 +16,8 @@ buffer is free while the second P·V runs; ``_vt3``: three Vᵀ buffers; ``_o_gl
 stored straight from the wgmma layout, 4 bytes a thread; ``_qk_offset``: the Q·Kᵀ chains
 after a tile's first pair start from minus half the row's running maximum (``qk_prec`` 1,
 ``strictops.ops.sparse_mla.gluon_mma``); ``_qk_offset_split0``: and the first pair's as two
-chains (``qk_prec`` 2); ``_tr128``: 128 columns a load;
+chains (``qk_prec`` 2); ``_o_tma``: O sent by four TMA stores a consumer that drain while the
+next tile starts; ``_tr128``: 128 columns a load;
 ``_blocked``: the transpose through a blocked layout, ``LDSM`` + ``PRMT`` + ``STS.64``;
 ``_prod_tr``: the producer transposes), ``one_tile`` (one CTA a tile, late transposes, 224/56 registers, Q stored
 before the fork) and its variants (``_r232_early_qasync``: 232/40, early, the consumers copy
@@ -106,6 +107,7 @@ VARIANTS = {
     "new_o_global": {"o_smem": False},
     "new_qk_offset": {"qk_prec": 1},
     "new_qk_offset_split0": {"qk_prec": 2},
+    "new_o_tma": {"o_tma": True},
     "new_tr128": {"tr_cols": 128},
     "new_blocked": {"vt_ldsm": False},
     "new_prod_tr": {"tr_cons": False, "consumer_regs": 224, "producer_regs": 56},
@@ -118,8 +120,8 @@ VARIANTS = {
     "one_tile_tr128": ONE_TILE | {"tr_cols": 128},
     "one_tile_blocked": ONE_TILE | {"vt_ldsm": False},
 }
-DEFAULT = ["cutlass", "new", "new_qk_offset", "new_qk_offset_split0", "new_o_global",
-           "one_tile"]
+DEFAULT = ["cutlass", "new", "new_qk_offset", "new_qk_offset_split0", "new_o_tma",
+           "new_o_global", "one_tile"]
 # Shapes that tell the costs apart (``--extra-shapes``, speed on unit data only): heads,
 # d_qk and topk one at a time from the third benchmark shape, where tiles are shortest.
 EXTRA_SHAPES = [

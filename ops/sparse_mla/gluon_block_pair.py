@@ -46,10 +46,11 @@ Three warpgroups (12 warps), one CTA per SM (184,432 / 196,720 bytes of shared m
   both free of bank conflicts); P is stored with its columns in σ order and the output
   columns of O are read in ρ order (``gluon_transpose``). Otherwise a blocked layout
   (``LDSM``, ``PRMT``, ``STS.64``) writes ``Vᵀ[d][n]``.
-- O (``O_SMEM``): each consumer writes its bf16 O [64, 256] into its own halves of the first
+- O (``O_STORE``): each consumer writes its bf16 O [64, 256] into its own halves of the first
   two Vᵀ buffers (free from its last P·V of a tile to its next transposes) and stores whole
-  rows from there, 16 bytes a thread; otherwise it stores 4 bytes a thread from the wgmma
-  layout (a sixth of the time at topk 512: ``docs/design/sparse_mla_prefill.md``).
+  rows from there, 16 bytes a thread (1), or sends it by four TMA stores that drain while the
+  next tile starts (2, not the default); otherwise (0) it stores 4 bytes a thread from the
+  wgmma layout (a sixth of the time at topk 512: ``docs/design/sparse_mla_prefill.md``).
 
 Softmax arithmetic is in base 2: ``t = s * scale * log2(e) + bias`` (one FFMA), ``P =
 2^(t - m + 8)``; the row sums ``l`` (fp32, over the unrounded P) carry the same 2⁸, so ``lse =
@@ -80,6 +81,7 @@ Synchronisation, all by mbarriers in shared memory (phase = use count & 1):
 
 from __future__ import annotations
 
+import contextvars
 import functools
 
 from triton.experimental import gluon
@@ -88,17 +90,18 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    warpgroup_mma,
+    tma,
     warpgroup_mma_wait,
 )
 
 from strictops.ops._runtime.gluon_compat import async_load, thread_barrier
+from strictops.ops.sparse_mla.gluon_mma import (HEADROOM, issue_pv2, issue_qk, issue_qk_split,
+                                                 qk_offset, softmax_pv1, wait_qk)
 from strictops.ops.sparse_mla.gluon_shared_s import (copy_q, launch_kernel, rows_to_attend,
                                                      stagger_start, store_q, tile_of, tuned,
                                                      wait_for_prior_grid)
-from strictops.ops.sparse_mla.gluon_mma import (issue_pv2, issue_qk, issue_qk_split, qk_offset,
-                                                 wait_qk)
-from strictops.ops.sparse_mla.gluon_transpose import (output_columns, p_columns, store_o_through_vt,
+from strictops.ops.sparse_mla.gluon_transpose import (out_descriptor, output_columns,
+                                                      store_o_by_tma, store_o_through_vt,
                                                       transpose_block, transpose_ldsm, views16)
 
 __all__ = ["TUNING", "constexprs", "launch", "sparse_mla_hopper_kernel"]
@@ -119,14 +122,12 @@ D_V = 512
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
           "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": True,
           "o_smem": True, "consumer_regs": 232, "producer_regs": 40, "max_regs": 168,
-          "pdl": True, "stagger": 4, "qk_prec": 0}
+          "pdl": True, "stagger": 4, "qk_prec": 0, "o_tma": False}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
 _D_V = gl.constexpr(D_V)
 _LN2 = gl.constexpr(0.6931471805599453)
-# P = 2^(t - m + HEADROOM): the largest P is 256, below e4m3's 448, and small P stay normal.
-_HEADROOM = gl.constexpr(8.0)
 
 
 @gluon.jit
@@ -265,82 +266,6 @@ def _produce(kv_ptr, indices_ptr, q_ptr, token, n_rows, s_kv, h_q, topk, head0, 
 
 
 @gluon.jit
-def _softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, off, bias, p_smem, mx,
-                 vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES: gl.constexpr,
-                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, VT_LDSM: gl.constexpr,
-                 OFFSET: gl.constexpr):
-    """Softmax of this consumer's block ``2p + C`` (S in ``sc``; with ``OFFSET`` S less ``c``
-    a row, ``off = c * scale_log2``: ``gluon_mma``), the max chain, P to shared memory, and the
-    first P·V of pair ``p`` (block ``2p``). Returns ``acc`` and ``l_i`` relative to ``m1`` and
-    ``m1``, the pair's final maximum."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    par = p & 1
-    i = 2 * p + C
-    s = i % NUM_STAGES
-    t = sc * scale_log2 + gl.expand_dims(bias.index(s).load(col_s), 0)
-    mbarrier.arrive(k_free.index(s))
-    m_blk = gl.max(t, 1)
-    if OFFSET:
-        m_blk = m_blk + off
-    if C == 0:
-        m_new = gl.maximum(m_run, m_blk)
-        mx.index(2 * par).store(m_new)
-        thread_barrier()
-        mbarrier.arrive(mx_bar.index(0))
-        m0 = m_new
-    else:
-        mbarrier.wait(mx_bar.index(0), par)
-        m0 = mx.index(2 * par).load(row_s)
-        m_new = gl.maximum(m0, m_blk)
-        mx.index(2 * par + 1).store(m_new)
-        thread_barrier()
-        mbarrier.arrive(mx_bar.index(1))
-    # While every row so far was invalid the max is -inf; a reference of 0 keeps
-    # 2^(-inf - ref) at 0 rather than NaN.
-    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-    shift = m_ref - _HEADROOM
-    if OFFSET:
-        shift = shift - off
-    pr = gl.exp2(t - gl.expand_dims(shift, 1))
-    l_i = l_i * gl.exp2(m_run - m_ref) + gl.sum(pr, 1)
-    p8 = pr.to(gl.float8e4nv)
-    if VT_LDSM:  # column σ(n) of P meets column σ(n) of Vᵀ
-        p8 = p_columns(p8)
-    p_smem.index(2 * par + C).store(p8)
-    fence_async_shared()  # generic stores, then wgmma (async proxy) reads
-    thread_barrier()
-    if C == 1:
-        mbarrier.wait(p_bar.index(0), par)
-    mbarrier.arrive(p_bar.index(C))
-    m0_ref = gl.where(m0 == float("-inf"), 0.0, m0)
-    acc = acc * gl.expand_dims(gl.convert_layout(gl.exp2(m_run - m0_ref), row_o), 1)
-    b = 2 * p
-    v = b % NUM_VT
-    if not TR_CONS:
-        mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
-    acc = warpgroup_mma(p_smem.index(2 * par), vt.index(v).slice(C * 256, 256, dim=0)
-                        .permute((1, 0)), acc, is_async=True)
-    if C == 0:
-        mbarrier.wait(mx_bar.index(1), par)
-        m1 = mx.index(2 * par + 1).load(row_s)
-    else:
-        m1 = m_new
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-    if not TR_CONS:
-        mbarrier.arrive(vt_free.index(2 * v + C))
-    m1_ref = gl.where(m1 == float("-inf"), 0.0, m1)
-    beta = gl.exp2(m0_ref - m1_ref)
-    acc = acc * gl.expand_dims(gl.convert_layout(beta, row_o), 1)
-    if C == 0:
-        l_i = l_i * beta
-    return acc, m1, l_i
-
-
-@gluon.jit
 def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
               topk_length_ptr, token, head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale,
               q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready,
@@ -348,11 +273,14 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
               D_QK: gl.constexpr, HAS_ATTN_SINK: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr, TR_CONS: gl.constexpr,
               TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr, TR_EARLY: gl.constexpr,
-              Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr, O_SMEM: gl.constexpr,
+              Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr, O_STORE: gl.constexpr,
               QK_PREC: gl.constexpr):
     """Consumer ``C`` of the CTA's tile, or (``PERSISTENT``) of its tiles ``pid``, ``pid +
     num_programs``, ... below ``n_tiles``: pair numbers and barrier phases run on across
-    tiles."""
+    tiles. ``O_STORE`` 2: O goes out by TMA (``out`` its descriptor), waited for at the end."""
+    out = out_ptr
+    if O_STORE == 2:
+        out = out_descriptor(out_ptr, n_tiles * _BLOCK_H)
     if PERSISTENT:
         pairs = 0
         t = 0
@@ -360,21 +288,23 @@ def _consumer(C: gl.constexpr, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
             tile_token, head_block = tile_of(tile, h_q)
             rows = rows_to_attend(topk_length_ptr, topk_length_ptr, tile_token, topk, 0,
                                   HAS_TOPK_LENGTH, False)
-            _consumer_tile(C, pairs, t & 1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr,
+            _consumer_tile(C, pairs, t & 1, attn_sink_ptr, out, max_logits_ptr, lse_ptr,
                            tile_token, head_block * _BLOCK_H, h_q, rows, scale_log2,
                            kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope, vt, bias, p_smem,
                            mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar, mx_bar, l_bar,
                            q_bar, q_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT, TR_CONS,
-                           TR_COLS, VT_LDSM, TR_EARLY, False, True, O_SMEM, QK_PREC)
+                           TR_COLS, VT_LDSM, TR_EARLY, False, True, O_STORE, QK_PREC)
             pairs += gl.maximum(gl.cdiv(rows, 2 * _BLOCK_N), 1)
             t += 1
     else:
-        _consumer_tile(C, 0, 0, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, token, head0,
+        _consumer_tile(C, 0, 0, attn_sink_ptr, out, max_logits_ptr, lse_ptr, token, head0,
                        h_q, n_rows, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope, k_rope,
                        vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
                        mx_bar, l_bar, q_bar, q_free, D_QK, HAS_ATTN_SINK, NUM_STAGES, NUM_VT,
-                       TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, False, O_SMEM,
+                       TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, False, O_STORE,
                        QK_PREC)
+    if O_STORE == 2:  # the last tile's O leaves shared memory before the CTA ends
+        tma.store_wait(0)
 
 
 @gluon.jit
@@ -385,13 +315,15 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
                    HAS_ATTN_SINK: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
                    TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
                    TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr,
-                   O_SMEM: gl.constexpr, QK_PREC: gl.constexpr):
+                   O_STORE: gl.constexpr, QK_PREC: gl.constexpr):
     """Consumer ``C`` of one tile: blocks ``2p + C`` (pairs numbered from ``P0``), output
     columns ``[256C, 256C + 256)``; consumer 1 also writes ``max_logits`` and ``lse``.
     ``phase``: of ``l_bar``, ``q_bar`` and ``q_free`` in this tile. Q is in shared memory
     already, or copied by both consumers (``Q_ASYNC``) or by the producer (``PERSISTENT``:
-    each consumer arrives at ``q_free`` once no Q·Kᵀ of the tile reads it). ``O_SMEM``: O is
-    stored through shared memory (``store_o_through_vt``)."""
+    each consumer arrives at ``q_free`` once no Q·Kᵀ of the tile reads it). ``O_STORE``: O
+    stored from the wgmma layout (0), or through shared memory by the threads
+    (``store_o_through_vt``, 1) or by TMA (``store_o_by_tma``, 2: ``out_ptr`` is then the
+    descriptor; the stores drain while the next tile's Q·Kᵀ starts)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -415,6 +347,9 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     else:
         st0 = issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_zero, 2 * P0 + C, D_QK,
                        NUM_STAGES, False)
+    if O_STORE == 2:  # the last tile's O has left the Vᵀ halves the transposes write
+        tma.store_wait(0)
+        thread_barrier()
     if TR_CONS:
         for q in gl.static_range(2):
             transpose_block(C, q, P0, k_nope, vt, k_ready, k_free, NUM_STAGES, NUM_VT,
@@ -425,7 +360,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     if PERSISTENT:
         if n_pairs == 1:  # this consumer's last Q·Kᵀ of the tile: the next tile's Q may land
             mbarrier.arrive(q_free)
-    acc, m_run, l_i = _softmax_pv1(C, P0, sc, acc, m_run, l_i, scale_log2, 0.0, bias, p_smem,
+    acc, m_run, l_i = softmax_pv1(C, P0, sc, acc, m_run, l_i, scale_log2, 0.0, bias, p_smem,
                                    mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES,
                                    NUM_VT, TR_CONS, VT_LDSM, False)
     inv_scale_log2 = 1.0 / scale_log2  # for QK_PREC
@@ -458,7 +393,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
         if PERSISTENT:
             if p == n_pairs - 1:
                 mbarrier.arrive(q_free)
-        acc, m_run, l_i = _softmax_pv1(C, P0 + p, sc, acc, m_run, l_i, scale_log2, off, bias,
+        acc, m_run, l_i = softmax_pv1(C, P0 + p, sc, acc, m_run, l_i, scale_log2, off, bias,
                                        p_smem, mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
                                        NUM_STAGES, NUM_VT, TR_CONS, VT_LDSM, QK_PREC > 0)
     pv = issue_pv2(C, P0 + n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
@@ -473,7 +408,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     l_i = l_i + lsum.index(1 - C).load(row_s)
     seen = l_i > 0  # a valid row: the block holding the maximum adds 2^HEADROOM
     l_safe = gl.where(seen, l_i, 1.0)
-    lse = gl.where(seen, (m_run - _HEADROOM) * _LN2 + gl.log(l_safe), float("inf"))
+    lse = gl.where(seen, (m_run - HEADROOM) * _LN2 + gl.log(l_safe), float("inf"))
     weight = gl.where(seen, kv_scale / l_safe, 0.0)
     heads = head0 + gl.arange(0, _BLOCK_H, row_s)
     if HAS_ATTN_SINK:
@@ -488,7 +423,10 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     out = acc * gl.expand_dims(gl.convert_layout(weight, row_o), 1)
     if VT_LDSM:  # column r of O is output column ρ(r)
         out = output_columns(out)
-    if O_SMEM:
+    if O_STORE == 2:
+        store_o_by_tma(C, out.to(gl.bfloat16), out_ptr, (token * h_q + head0).to(gl.int32), vt,
+                       NUM_VT)
+    elif O_STORE == 1:
         store_o_through_vt(C, out.to(gl.bfloat16), out_ptr, row_of_head, vt, NUM_VT)
     else:
         out_layout: gl.constexpr = out.type.layout
@@ -506,12 +444,12 @@ def _consumer_1(attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr
                 HAS_TOPK_LENGTH: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_VT: gl.constexpr,
                 TR_CONS: gl.constexpr, TR_COLS: gl.constexpr, VT_LDSM: gl.constexpr,
                 TR_EARLY: gl.constexpr, Q_ASYNC: gl.constexpr, PERSISTENT: gl.constexpr,
-                O_SMEM: gl.constexpr, QK_PREC: gl.constexpr):
+                O_STORE: gl.constexpr, QK_PREC: gl.constexpr):
     _consumer(1, attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token, head0,
               h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope, q_rope, k_nope,
               k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free, vt_ready, vt_free, p_bar,
               mx_bar, l_bar, q_bar, q_free, D_QK, HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES,
-              NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM, QK_PREC)
+              NUM_VT, TR_CONS, TR_COLS, VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_STORE, QK_PREC)
 
 
 @gluon.jit
@@ -545,7 +483,7 @@ def sparse_mla_hopper_kernel(
     TR_EARLY: gl.constexpr,
     Q_ASYNC: gl.constexpr,
     PERSISTENT: gl.constexpr,
-    O_SMEM: gl.constexpr,
+    O_STORE: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
     PDL: gl.constexpr,
@@ -564,7 +502,7 @@ def sparse_mla_hopper_kernel(
     gl.static_assert((not TR_CONS) or NUM_VT == 2 or NUM_VT == 3,
                      "the consumers transpose a pair into two or three Vᵀ buffers")
     gl.static_assert(not (Q_ASYNC and PERSISTENT), "the producer copies each tile's Q")
-    gl.static_assert(TR_CONS or not O_SMEM, "O passes through the consumers' own Vᵀ halves")
+    gl.static_assert(TR_CONS or O_STORE == 0, "O passes through the consumers' own Vᵀ halves")
     head_blocks = h_q // _BLOCK_H
     pid = gl.program_id(0)
     token = (pid // head_blocks).to(gl.int64)
@@ -635,13 +573,13 @@ def sparse_mla_hopper_kernel(
                      q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
                      vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK,
                      HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                     VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM, QK_PREC)),
+                     VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_STORE, QK_PREC)),
         (_consumer_1, (attn_sink_ptr, out_ptr, max_logits_ptr, lse_ptr, topk_length_ptr, token,
                        head0, h_q, n_rows, topk, n_tiles, scale_log2, kv_scale, q_ptr, q_nope,
                        q_rope, k_nope, k_rope, vt, bias, p_smem, mx, lsum, k_ready, k_free,
                        vt_ready, vt_free, p_bar, mx_bar, l_bar, q_bar, q_free, D_QK,
                        HAS_ATTN_SINK, HAS_TOPK_LENGTH, NUM_STAGES, NUM_VT, TR_CONS, TR_COLS,
-                       VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_SMEM, QK_PREC)),
+                       VT_LDSM, TR_EARLY, Q_ASYNC, PERSISTENT, O_STORE, QK_PREC)),
         (_producer, (kv_ptr, indices_ptr, topk_length_ptr, errors_ptr, q_ptr, token, n_rows,
                      s_kv, h_q, topk, n_tiles, q_nope, q_rope, k_nope, k_rope, vt, bias,
                      idx_smem, k_ready, k_free, vt_ready, vt_free, q_bar, q_free, D_QK,
@@ -660,7 +598,8 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
                 LAG=t["lag"], TR_CONS=t["tr_cons"], TR_COLS=t["tr_cols"], VT_LDSM=t["vt_ldsm"],
                 TR_EARLY=t["tr_early"], Q_ASYNC=t["q_async"] and not t["persistent"],
                 PERSISTENT=t["persistent"],
-                O_SMEM=t["o_smem"] and t["tr_cons"],  # through the consumers' Vᵀ halves
+                # O through the consumers' Vᵀ halves: stored by the threads (1) or by TMA (2)
+                O_STORE=2 if t["o_tma"] else int(t["o_smem"] and t["tr_cons"]),
                 CONSUMER_REGS=t["consumer_regs"], PRODUCER_REGS=t["producer_regs"],
                 PDL=t["pdl"], STAGGER=t["stagger"] if t["persistent"] else 0,
                 QK_PREC=t["qk_prec"])
@@ -670,12 +609,28 @@ def launch(*args, **tuning):
     """Launch the kernel on validated CUDA tensors on an sm_90 GPU (the caller checks both):
     ``args`` as for ``strictops_kernels::sparse_mla_ws_launch``, ``tuning`` overrides entries of
     ``TUNING``. One CTA per tile (token and 64 heads), or with ``persistent`` one per SM at
-    most. Returns the compiled kernel."""
+    most. With ``o_tma`` the CTAs' descriptors of O live in Triton's global scratch, allocated
+    from torch for this launch only. Returns the compiled kernel."""
     q = args[0]
     programs, extra = programs_and_extra(q.shape[0] * (q.shape[1] // BLOCK_H), q.device.index,
                                          **tuning)
-    return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args,
-                         programs=programs, extra=extra, **tuning)
+
+    def go():
+        return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args,
+                             programs=programs, extra=extra, **tuning)
+    if not tuning.get("o_tma", TUNING["o_tma"]):
+        return go()
+    return contextvars.copy_context().run(_with_scratch, q.device, go)
+
+
+def _with_scratch(device, go):
+    """``go()`` with Triton's allocator of global scratch set to torch's (run it in a copied
+    context, so that the setting ends with it)."""
+    import torch
+    import triton
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.uint8,
+                                                                      device=device))
+    return go()
 
 
 def programs_and_extra(tiles: int, device: int, **tuning) -> tuple[int, dict]:

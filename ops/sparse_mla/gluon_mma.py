@@ -1,5 +1,7 @@
-"""The block-pair kernel's (``gluon_block_pair``) ``wgmma`` issues: S = Q·Kᵀ of one 64-row
-block, with what keeps its rounding small at large logits, and the second P·V of a pair.
+"""The block-pair kernel's (``gluon_block_pair``) consumer steps around its ``wgmma``: S = Q·Kᵀ
+of one 64-row block, with what keeps its rounding small at large logits; the block's softmax,
+the max chain between the consumers and the first P·V of a pair (:func:`softmax_pv1`); the
+second P·V of a pair (:func:`issue_pv2`).
 
 One block's S is a chain of FP8 ``wgmma`` k-steps (m64n64k32: 16 over the 512 latent columns,
 2 more over the 64 rope columns) into one fp32 accumulator. Hopper's FP8 ``wgmma`` adds each
@@ -30,7 +32,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-__all__ = ["issue_pv2", "issue_qk", "issue_qk_split", "qk_offset", "wait_qk"]
+from strictops.ops._runtime.gluon_compat import thread_barrier
+from strictops.ops.sparse_mla.gluon_transpose import p_columns
+
+__all__ = ["HEADROOM", "issue_pv2", "issue_qk", "issue_qk_split", "qk_offset", "softmax_pv1",
+           "wait_qk"]
+
+# P = 2^(t - m + HEADROOM): the largest P is 256, below e4m3's 448, and small P stay normal.
+HEADROOM = gl.constexpr(8.0)
 
 
 @gluon.jit
@@ -102,3 +111,79 @@ def issue_pv2(C: gl.constexpr, p, acc, p_smem, vt, vt_ready, p_bar, NUM_VT: gl.c
     return warpgroup_mma(p_smem.index(2 * (p & 1) + 1),
                          vt.index(v).slice(C * 256, 256, dim=0).permute((1, 0)), acc,
                          is_async=True)
+
+
+@gluon.jit
+def softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, off, bias, p_smem, mx,
+                 vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES: gl.constexpr,
+                 NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, VT_LDSM: gl.constexpr,
+                 OFFSET: gl.constexpr):
+    """Softmax of this consumer's block ``2p + C`` (S in ``sc``; with ``OFFSET`` S less ``c``
+    a row, ``off = c * scale_log2``: ``gluon_mma``), the max chain, P to shared memory, and the
+    first P·V of pair ``p`` (block ``2p``). Returns ``acc`` and ``l_i`` relative to ``m1`` and
+    ``m1``, the pair's final maximum."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 256, 32])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    par = p & 1
+    i = 2 * p + C
+    s = i % NUM_STAGES
+    t = sc * scale_log2 + gl.expand_dims(bias.index(s).load(col_s), 0)
+    mbarrier.arrive(k_free.index(s))
+    m_blk = gl.max(t, 1)
+    if OFFSET:
+        m_blk = m_blk + off
+    if C == 0:
+        m_new = gl.maximum(m_run, m_blk)
+        mx.index(2 * par).store(m_new)
+        thread_barrier()
+        mbarrier.arrive(mx_bar.index(0))
+        m0 = m_new
+    else:
+        mbarrier.wait(mx_bar.index(0), par)
+        m0 = mx.index(2 * par).load(row_s)
+        m_new = gl.maximum(m0, m_blk)
+        mx.index(2 * par + 1).store(m_new)
+        thread_barrier()
+        mbarrier.arrive(mx_bar.index(1))
+    # While every row so far was invalid the max is -inf; a reference of 0 keeps
+    # 2^(-inf - ref) at 0 rather than NaN.
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    shift = m_ref - HEADROOM
+    if OFFSET:
+        shift = shift - off
+    pr = gl.exp2(t - gl.expand_dims(shift, 1))
+    l_i = l_i * gl.exp2(m_run - m_ref) + gl.sum(pr, 1)
+    p8 = pr.to(gl.float8e4nv)
+    if VT_LDSM:  # column σ(n) of P meets column σ(n) of Vᵀ
+        p8 = p_columns(p8)
+    p_smem.index(2 * par + C).store(p8)
+    fence_async_shared()  # generic stores, then wgmma (async proxy) reads
+    thread_barrier()
+    if C == 1:
+        mbarrier.wait(p_bar.index(0), par)
+    mbarrier.arrive(p_bar.index(C))
+    m0_ref = gl.where(m0 == float("-inf"), 0.0, m0)
+    acc = acc * gl.expand_dims(gl.convert_layout(gl.exp2(m_run - m0_ref), row_o), 1)
+    b = 2 * p
+    v = b % NUM_VT
+    if not TR_CONS:
+        mbarrier.wait(vt_ready.index(2 * v + C), (b // NUM_VT) & 1)
+    acc = warpgroup_mma(p_smem.index(2 * par), vt.index(v).slice(C * 256, 256, dim=0)
+                        .permute((1, 0)), acc, is_async=True)
+    if C == 0:
+        mbarrier.wait(mx_bar.index(1), par)
+        m1 = mx.index(2 * par + 1).load(row_s)
+    else:
+        m1 = m_new
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    if not TR_CONS:
+        mbarrier.arrive(vt_free.index(2 * v + C))
+    m1_ref = gl.where(m1 == float("-inf"), 0.0, m1)
+    beta = gl.exp2(m0_ref - m1_ref)
+    acc = acc * gl.expand_dims(gl.convert_layout(beta, row_o), 1)
+    if C == 0:
+        l_i = l_i * beta
+    return acc, m1, l_i

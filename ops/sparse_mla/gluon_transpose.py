@@ -1,8 +1,8 @@
 """The V transpose of the block-pair sparse MLA kernel (``gluon_block_pair``) by
 ``ldmatrix.trans``, ``prmt`` and ``stmatrix``, the register relabellings that go with it, and
 the kernel's other uses of its Vᵀ buffers: a consumer's transpose of its half of a block
-(:func:`transpose_block`, by either method) and O stored through them
-(:func:`store_o_through_vt`).
+(:func:`transpose_block`, by either method) and O stored through them, by the threads
+(:func:`store_o_through_vt`) or by TMA (:func:`out_descriptor`, :func:`store_o_by_tma`).
 
 V [64 rows n, 512 columns d] (FP8, a gathered block in shared memory, 128-byte swizzle) becomes
 Vᵀ [512, 64] (64-byte swizzle, the K-major B operand of the P·V ``wgmma``) with V[n][d] at
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from strictops.ops._runtime.gluon_compat import reinterpret, thread_barrier
+from strictops.ops._runtime.gluon_compat import reinterpret, thread_barrier, tma_store
 
 __all__ = ["O_COLS", "P_COLS", "TR_JOIN", "TR_SPLIT", "output_columns", "p_columns",
-           "store_o_through_vt", "transpose_block", "transpose_ldsm", "views16"]
+           "out_descriptor", "store_o_by_tma", "store_o_through_vt", "transpose_block",
+           "transpose_ldsm", "views16"]
 
 # Permutations of the index bits (most significant first); the test models them.
 TR_SPLIT = gl.constexpr((0, 1, 3, 4, 6, 5, 2))  # [n5 n4 n3 n2 n1 n0 j] -> [n5 n4 n2 n1 j n0 n3]
@@ -153,3 +154,35 @@ def store_o_through_vt(C: gl.constexpr, out, out_ptr, row_of_head, vt, NUM_VT: g
         gl.store(out_ptr + gl.expand_dims(rows, 1) * 512 + gl.expand_dims(C * 256 + h * 128
                                                                           + cols, 0), x)
     thread_barrier()  # every warp's reads, before its next transposes overwrite Vᵀ
+
+
+@gluon.jit
+def out_descriptor(out_ptr, rows):
+    """A TMA descriptor of ``out`` as ``[rows, 512]`` bf16 in boxes of ``[64, 64]`` (128-byte
+    swizzle), made on the device (Triton's global scratch holds it: the launch needs an
+    allocator, ``triton.set_allocator``)."""
+    return tma.make_tensor_descriptor(out_ptr, [rows, 512], [512, 1], [64, 64],
+                                      gl.NVMMASharedLayout(128, 16))
+
+
+@gluon.jit
+def store_o_by_tma(C: gl.constexpr, out, desc, row0, vt, NUM_VT: gl.constexpr):
+    """Store this consumer's bf16 O [64, 256] (output columns ``[256C, 256C + 256)``, rows
+    ``row0 + [0, 64)`` of ``desc``) through its halves of the first two Vᵀ buffers as four
+    ``[64, 64]`` boxes (8 KiB each, 128-byte swizzle), each sent by one asynchronous TMA store.
+    The stores read shared memory after this returns: the caller waits for them
+    (``tma.store_wait(0)``, then a barrier) before it next writes those halves."""
+    # [4v + 2c + k]: columns [64k, 64k + 64) of half c of vt[v] (16 KiB), as [64, 64] bf16.
+    boxes = reinterpret(vt, gl.bfloat16, [4 * NUM_VT, 64, 64], gl.NVMMASharedLayout(128, 16))
+    # Columns 64j + x of O, j = 2 j1 + j0, go to box 4 j1 + 2C + j0.
+    j0_0, j0_1 = gl.split(gl.permute(gl.reshape(out, [64, 2, 2, 64]), (0, 3, 1, 2)))
+    box_0, box_2 = gl.split(j0_0)
+    box_1, box_3 = gl.split(j0_1)
+    boxes.index(2 * C).store(box_0)
+    boxes.index(2 * C + 1).store(box_1)
+    boxes.index(2 * C + 4).store(box_2)
+    boxes.index(2 * C + 5).store(box_3)
+    fence_async_shared()  # generic stores, then the TMA (async proxy) reads
+    thread_barrier()
+    for j in gl.static_range(4):
+        tma_store(desc, [row0, C * 256 + 64 * j], boxes.index(4 * (j // 2) + 2 * C + j % 2))
