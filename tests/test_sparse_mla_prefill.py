@@ -1017,6 +1017,30 @@ def test_gpu_persistent_ctas_over_many_tiles_of_unequal_length(d_qk, h_q):
 
 
 @gpu
+@pytest.mark.parametrize("tuning", [{}, ONE_TILE], ids=["persistent", "one-tile"])
+def test_gpu_o_by_tma_writes_what_the_threads_write(tuning):
+    """``o_tma`` (O sent by TMA from shared memory) writes every output bit for bit as the
+    default's thread stores do, over more tiles than SMs with unequal lengths, into buffers
+    poisoned with NaN; the lse and max_logits the same."""
+    hopper = _block_pair()
+    gen, seed = _fresh_generator()
+    dims = contract.Dims(s_q=3 * hopper.sm_count(torch.cuda.current_device()) + 5, s_kv=2000,
+                         h_q=128, d_qk=576, topk=384, with_topk_length=True,
+                         with_attn_sink=True, with_buffers=True, with_errors=True,
+                         device="cuda")
+    args = op.random_inputs(dims, gen)
+    args["topk_length"][::3] = 0
+    results = []
+    for o_tma in (False, True):
+        outputs = tuple(torch.full_like(args[k], float("nan"))
+                        for k in ("out", "max_logits", "lse"))
+        _launch_block_pair(args, outputs, o_tma=o_tma, **tuning)
+        results.append(outputs)
+    for default, by_tma in zip(*results):
+        assert torch.equal(default, by_tma), f"seed {seed}"
+
+
+@gpu
 def test_gpu_functional_buffer_and_dispatcher_calls_agree_bit_for_bit():
     gen, _ = _fresh_generator()
     dims = contract.Dims(s_q=40, s_kv=1000, h_q=128, d_qk=576, topk=256, with_attn_sink=True,
