@@ -698,6 +698,38 @@ def test_hopper_kernel_stores_o_by_tma_where_asked(d_qk, tuning):
         assert compiled.metadata.global_scratch_size == (2 * 128 if o_tma else 0)
 
 
+@pytest.mark.skipif(op._sparse_mla_sm90 is None, reason="this Triton has no Gluon")
+def test_o_by_tma_launch_sets_a_scratch_allocator_for_that_launch_only(monkeypatch):
+    """Without a GPU (the launch itself stood in for): an ``o_tma`` launch runs with Triton's
+    global-scratch allocator set to one that hands out torch bytes of the size asked, and the
+    allocator in force before it is in force again after it; a default launch sets none."""
+    from triton.runtime import _allocation
+
+    from strictops.ops.sparse_mla import gluon_block_pair as hopper
+
+    seen = []
+
+    def launch_kernel(*args, **kwargs):
+        buffer = _allocation._allocator.get()(384, 128, None)
+        seen.append((kwargs.get("o_tma", False), buffer.dtype, buffer.numel()))
+
+    def before(size, alignment, stream):
+        raise AssertionError("the allocator in force before the launch")
+
+    monkeypatch.setattr(hopper, "launch_kernel", launch_kernel)
+    monkeypatch.setattr(hopper, "programs_and_extra", lambda *args, **tuning: (1, {}))
+    token = _allocation._allocator.set(before)
+    try:
+        q = torch.empty(4, 64, 576)
+        hopper.launch(q, o_tma=True)
+        assert _allocation._allocator.get() is before
+        with pytest.raises(AssertionError, match="in force before"):
+            hopper.launch(q)
+    finally:
+        _allocation._allocator.reset(token)
+    assert seen == [(True, torch.uint8, 384)]
+
+
 # Where the Gluon kernel does not build: its first compile is made to fail (the compat name
 # the block-pair kernel calls resolves to nothing, as ``thread_barrier`` did from Triton 3.7 on),
 # without a GPU: CPU tensors, the contract stood in for (its own tests cover it), the Gluon

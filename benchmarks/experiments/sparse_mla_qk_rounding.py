@@ -75,7 +75,7 @@ def main() -> None:
     print(f"{'bits':>4s} {'chain start':38s} {'mean':>8s} {'largest':>8s} {'rel. largest':>12s}")
     for bits in args.bits:
         def two(start):
-            return (chain(q, k, start, 0, 256, bits) + chain(q, k, start, 256, D_QK, bits))
+            return chain(q, k, start, 0, 256, bits) + chain(q, k, start, 256, D_QK, bits)
 
         offset = chain(q, k, -0.5 * running, 0, D_QK, bits)
         starts = {

@@ -29,10 +29,11 @@ orders every store that happens before it, for observers anywhere in the system.
 Bounds, not candidates: ``copy only`` (no counter, no flag); ``no counter`` (program 0 writes
 the flag after its own stores: nothing orders the other programs' bytes); ``one program ... no
 counter`` (the same with one 64 KiB program, which at 64 KiB is a correct publish: its own
-stores are all the bytes, so no counter is needed; the price is one SM's bandwidth); ``GPU scope`` (the
-flag's release at GPU scope) and the op with ``consumers="same_device"``: the system scope's
-cost; ``copy_`` alone, the original's copy node without its write node; a bare copy kernel
-(addresses as arguments, no lease); the one-element ``add_`` (a graph's launch floor).
+stores are all the bytes, so no counter is needed; the price is one SM's bandwidth);
+``GPU scope`` (the flag's release at GPU scope) and the op with ``consumers="same_device"``:
+the system scope's cost; ``copy_`` alone, the original's copy node without its write node; a
+bare copy kernel (addresses as arguments, no lease); the one-element ``add_`` (a graph's launch
+floor).
 
 Times, µs per publish (medians over the rounds of ``transport_flag_variants.sample``, the
 variants alternating within a round): ``graph_us``, one publish per graph, L2 flushed before

@@ -618,19 +618,16 @@ def launch(*args, **tuning):
     def go():
         return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args,
                              programs=programs, extra=extra, **tuning)
-    if not tuning.get("o_tma", TUNING["o_tma"]):
+
+    def with_scratch():  # run in a copied context: the allocator is set for this launch only
+        import torch
+        import triton
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(
+            size, dtype=torch.uint8, device=q.device))
         return go()
-    return contextvars.copy_context().run(_with_scratch, q.device, go)
-
-
-def _with_scratch(device, go):
-    """``go()`` with Triton's allocator of global scratch set to torch's (run it in a copied
-    context, so that the setting ends with it)."""
-    import torch
-    import triton
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.uint8,
-                                                                      device=device))
-    return go()
+    if not tuned(TUNING, tuning)["o_tma"]:
+        return go()
+    return contextvars.copy_context().run(with_scratch)
 
 
 def programs_and_extra(tiles: int, device: int, **tuning) -> tuple[int, dict]:
