@@ -663,10 +663,10 @@ def test_hopper_kernel_builds_for_sm90_with_fp8_wgmma_for_both_products(d_qk, tu
 @pytest.mark.parametrize("d_qk", contract.D_QKS)
 def test_hopper_kernel_qk_chains_start_from_the_offset_only_where_asked(d_qk):
     """Without a GPU: a Q·Kᵀ chain that starts from 0 is a ``wgmma`` m64n64k32 whose
-    accumulator input is off (a literal 0 operand). The default starts each consumer's two
+    accumulator input is off (a literal 0 operand). ``qk_prec`` 0 starts each consumer's two
     chains from 0 (the peeled first pair's and the loop's); ``qk_prec`` 1 starts the loop's from
-    the offset in registers; ``qk_prec`` 2 splits the first pair's into two chains from 0
-    (``gluon_mma``). Each builds with the default's products."""
+    the offset in registers; ``qk_prec`` 2 (the default) also splits the first pair's into two
+    chains from 0 (``gluon_mma``). Each builds with the same products."""
     from_zero = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3\s*"
                            r"\{[^}]*\},\s*[^,]+,\s*[^,]+,\s*0\s*,")
     for qk_prec, starts in ((0, 2 * 2), (1, 2 * 1), (2, 2 * 2)):
@@ -992,11 +992,11 @@ def _launch_block_pair(args: dict, outputs: tuple, **tuning) -> None:
 @pytest.mark.parametrize("tuning", [{}, {"vt_ldsm": False}, {"tr_cons": False},
                                     {"tr_cols": 128}, {"num_vt": 3, "tr_early": True},
                                     {"tr_early": True}, {"o_smem": False},
-                                    {"qk_prec": 1}, {"qk_prec": 2}, {"o_tma": True},
+                                    {"qk_prec": 0}, {"qk_prec": 1}, {"o_tma": True},
                                     ONE_TILE, ONE_TILE | {"tr_early": True, "q_async": True}],
                          ids=["default", "blocked-transpose", "producer-transpose", "tr128",
-                              "3-buffers-early", "early", "o-global", "qk-offset",
-                              "qk-offset-split-first", "o-tma", "one-tile",
+                              "3-buffers-early", "early", "o-global", "qk-from-zero",
+                              "qk-offset-first-pair-whole", "o-tma", "one-tile",
                               "one-tile-early-q-async"])
 def test_gpu_block_pair_kernel_matches_the_reference(d_qk, tuning):
     """The block-pair kernel (``gluon_block_pair``, the op's default on sm_90) on an sm_90 GPU

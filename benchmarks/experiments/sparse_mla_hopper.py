@@ -9,15 +9,15 @@ kernel of ``strictops.ops.sparse_mla.gluon_shared_s``), ``cutlass`` (sglang's or
 ``.anchor`` has it built), ``new`` (``strictops.ops.sparse_mla.gluon_block_pair`` with its ``TUNING``:
 persistent CTAs, the consumers transposing V with ``ldmatrix.trans`` / ``stmatrix``, 64
 columns a load, after the second P·V, O through shared memory, 232/40 registers, the CTAs
-with a tile of slack started in four staggered groups), the same with one knob changed
+with a tile of slack started in four staggered groups, the Q·Kᵀ chains after a tile's first
+pair started from minus half the row's running maximum and the first pair's as two chains:
+``qk_prec`` 2, ``strictops.ops.sparse_mla.gluon_mma``), the same with one knob changed
 (``_no_stagger``: every CTA starts at once; ``_stagger8``: eight groups; ``_r224``: 224/56
-registers; ``_early``: the transposes whose Vᵀ
-buffer is free while the second P·V runs; ``_vt3``: three Vᵀ buffers; ``_o_global``: O
-stored straight from the wgmma layout, 4 bytes a thread; ``_qk_offset``: the Q·Kᵀ chains
-after a tile's first pair start from minus half the row's running maximum (``qk_prec`` 1,
-``strictops.ops.sparse_mla.gluon_mma``); ``_qk_offset_split0``: and the first pair's as two
-chains (``qk_prec`` 2); ``_o_tma``: O sent by four TMA stores a consumer that drain while the
-next tile starts; ``_tr128``: 128 columns a load;
+registers; ``_early``: the transposes whose Vᵀ buffer is free while the second P·V runs;
+``_vt3``: three Vᵀ buffers; ``_o_global``: O stored straight from the wgmma layout, 4 bytes a
+thread; ``_qk_zero``: every Q·Kᵀ chain from 0, as the original; ``_qk_offset``: the first
+pair's as one chain (``qk_prec`` 1); ``_o_tma``: O sent by four TMA stores a consumer that
+drain while the next tile starts; ``_tr128``: 128 columns a load;
 ``_blocked``: the transpose through a blocked layout, ``LDSM`` + ``PRMT`` + ``STS.64``;
 ``_prod_tr``: the producer transposes), ``one_tile`` (one CTA a tile, late transposes, 224/56 registers, Q stored
 before the fork) and its variants (``_r232_early_qasync``: 232/40, early, the consumers copy
@@ -105,8 +105,8 @@ VARIANTS = {
     "new_vt3": {"num_vt": 3},
     "new_vt3_early": {"num_vt": 3, "tr_early": True},
     "new_o_global": {"o_smem": False},
+    "new_qk_zero": {"qk_prec": 0},
     "new_qk_offset": {"qk_prec": 1},
-    "new_qk_offset_split0": {"qk_prec": 2},
     "new_o_tma": {"o_tma": True},
     "new_tr128": {"tr_cols": 128},
     "new_blocked": {"vt_ldsm": False},
@@ -120,8 +120,8 @@ VARIANTS = {
     "one_tile_tr128": ONE_TILE | {"tr_cols": 128},
     "one_tile_blocked": ONE_TILE | {"vt_ldsm": False},
 }
-DEFAULT = ["cutlass", "new", "new_qk_offset", "new_qk_offset_split0", "new_o_tma",
-           "new_o_global", "one_tile"]
+DEFAULT = ["cutlass", "new", "new_qk_zero", "new_qk_offset", "new_o_tma", "new_o_global",
+           "one_tile"]
 # Shapes that tell the costs apart (``--extra-shapes``, speed on unit data only): heads,
 # d_qk and topk one at a time from the third benchmark shape, where tiles are shortest.
 EXTRA_SHAPES = [

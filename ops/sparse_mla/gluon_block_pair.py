@@ -33,8 +33,8 @@ Three warpgroups (12 warps), one CTA per SM (184,432 / 196,720 bytes of shared m
   rowmax(S_2p+1))``; P of block ``2p`` is relative to ``m0``, of block ``2p + 1`` to ``m1``,
   and each consumer rescales its O to ``m0`` before the first P·V of a pair and to ``m1``
   before the second. The second P·V of pair ``p`` is issued with the Q·Kᵀ of pair ``p + 1``.
-  ``QK_PREC`` > 0 starts the Q·Kᵀ chains from an offset of half the row's running maximum
-  (``gluon_mma``; 0, the default, from zero).
+  ``QK_PREC`` > 0 starts the Q·Kᵀ chains from an offset of half the row's running maximum,
+  and 2, the default, the first pair's as two chains (``gluon_mma``; 0 from zero).
 - V transpose (``TR_CONS``): each consumer transposes its own half of V of both blocks of a
   pair into ``vt[b % NUM_VT]`` (block ``b``) while its Q·Kᵀ runs; otherwise the producer
   transposes block ``i - LAG`` into ``vt[i % NUM_VT]`` after gathering block ``i``. With
@@ -117,12 +117,14 @@ D_V = 512
 # layout cost a sixth of the time at topk 512), 232/40 registers (setmaxnreg obeys 2 * consumer
 # + producer <= 3 * max), a programmatic dependent launch (the CTAs start while the grid
 # before finishes and wait for it before touching memory), CTAs with a tile of slack started in
-# four groups (O's stores then do not all meet). Every knob and its measurement:
+# four groups (O's stores then do not all meet), Q·Kᵀ chains started from minus half the row's
+# running maximum and a tile's first pair as two chains (the lse error at large logits halves,
+# for 2-3.5% of the time). Every knob and its measurement:
 # docs/design/sparse_mla_prefill.md
 TUNING = {"num_stages": 2, "num_vt": 2, "lag": 1, "tr_cons": True, "tr_cols": 64,
           "vt_ldsm": True, "tr_early": False, "q_async": False, "persistent": True,
           "o_smem": True, "consumer_regs": 232, "producer_regs": 40, "max_regs": 168,
-          "pdl": True, "stagger": 4, "qk_prec": 0, "o_tma": False}
+          "pdl": True, "stagger": 4, "qk_prec": 2, "o_tma": False}
 
 _BLOCK_H = gl.constexpr(BLOCK_H)
 _BLOCK_N = gl.constexpr(BLOCK_N)
