@@ -84,6 +84,8 @@ from __future__ import annotations
 import contextvars
 import functools
 
+import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -616,20 +618,19 @@ def launch(*args, **tuning):
     q = args[0]
     programs, extra = programs_and_extra(q.shape[0] * (q.shape[1] // BLOCK_H), q.device.index,
                                          **tuning)
+    run = functools.partial(launch_kernel, sparse_mla_hopper_kernel, constexprs, TUNING, *args,
+                            programs=programs, extra=extra, **tuning)
+    if not tuning.get("o_tma", TUNING["o_tma"]):  # launch_kernel checks the keys
+        return run()
+    # In a copied context: the allocator is set for this launch only.
+    return contextvars.copy_context().run(_with_torch_scratch, q.device, run)
 
-    def go():
-        return launch_kernel(sparse_mla_hopper_kernel, constexprs, TUNING, *args,
-                             programs=programs, extra=extra, **tuning)
 
-    def with_scratch():  # run in a copied context: the allocator is set for this launch only
-        import torch
-        import triton
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(
-            size, dtype=torch.uint8, device=q.device))
-        return go()
-    if not tuned(TUNING, tuning)["o_tma"]:
-        return go()
-    return contextvars.copy_context().run(with_scratch)
+def _with_torch_scratch(device, run):
+    """``run()`` with Triton's global scratch allocated from torch on ``device``."""
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.uint8,
+                                                                      device=device))
+    return run()
 
 
 def programs_and_extra(tiles: int, device: int, **tuning) -> tuple[int, dict]:
