@@ -675,6 +675,24 @@ def test_hopper_kernel_qk_chains_start_from_the_offset_only_where_asked(d_qk):
         assert len(from_zero.findall(ptx)) == starts, qk_prec
 
 
+def _float_ops(ptx: str) -> collections.Counter:
+    """How many fp32 multiplies, adds, subtractions, negations and fused multiply-adds."""
+    return collections.Counter(re.findall(r"^\s*((?:fma|mul|add|sub|neg)\.[a-z.]*f32)\b", ptx,
+                                          re.M))
+
+
+@pytest.mark.skipif(op._sparse_mla_sm90 is None, reason="this Triton has no Gluon")
+def test_hopper_kernel_rounds_alike_with_persistent_ctas_and_one_cta_a_tile():
+    """Without a GPU: the persistent kernel and one CTA a tile compile the same fp32
+    arithmetic (which multiplies and adds fuse is decided by the code around them, so the Q·Kᵀ
+    offset comes back by explicit fused multiply-adds); the GPU test of persistent CTAs holds
+    them to the same bits."""
+    counts = [_float_ops(_sm90_ptx("block_pair", 576, persistent=persistent))
+              for persistent in (True, False)]
+    assert counts[0] == counts[1]
+    assert counts[0]["fma.rn.f32"] > 0
+
+
 # The block-pair kernel with one CTA a tile (the default is persistent).
 ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "producer_regs": 56}
 
@@ -951,11 +969,16 @@ def test_gpu_index_offsets_past_2_pow_31_bytes(kernel):
 
 
 @gpu
-@pytest.mark.parametrize(("sm90_kernel", "bound"), [("block_pair", 1.5e-2), ("shared_s", 4e-3)])
+@pytest.mark.parametrize(("sm90_kernel", "bound", "lse_tol"),
+                         [("block_pair", 1.5e-2, op.GPU_LOGIT_TOL), ("shared_s", 4e-3, 1e-4)])
 def test_gpu_hopper_runs_a_warp_specialized_kernel_close_to_the_triton_one(monkeypatch,
-                                                                           sm90_kernel, bound):
-    """On sm_90 the default is a Gluon kernel; each differs from the Triton kernel only in how
-    P is rounded for P·V (block pair: FP8 with 2**8 headroom; shared S: fp16; Triton: bf16)."""
+                                                                           sm90_kernel, bound,
+                                                                           lse_tol):
+    """On sm_90 the default is a Gluon kernel; each differs from the Triton kernel in how P is
+    rounded for P·V (block pair: FP8 with 2**8 headroom; shared S: fp16; Triton: bf16), and
+    the block-pair kernel also in how S is rounded (its Q·Kᵀ chains start from an offset:
+    ``gluon_mma``), so its ``lse`` is the Triton kernel's within the GPU logit bound, the
+    shared-S kernel's to 1e-4."""
     gen, seed = _fresh_generator()
     dims = contract.Dims(s_q=40, s_kv=1000, h_q=128, d_qk=576, topk=256, with_attn_sink=True,
                          device="cuda")
@@ -970,7 +993,7 @@ def test_gpu_hopper_runs_a_warp_specialized_kernel_close_to_the_triton_one(monke
     theirs = sparse_mla_q8kv8_prefill_fwd(**args)
     assert op.relative_l2(ours[0], theirs[0]) <= bound, f"seed {seed}"
     assert torch.equal(ours[1].isinf(), theirs[1].isinf()), f"seed {seed}"
-    assert torch.allclose(ours[2], theirs[2], rtol=1e-4, atol=1e-4), f"seed {seed}"
+    assert torch.allclose(ours[2], theirs[2], rtol=lse_tol, atol=lse_tol), f"seed {seed}"
 
 
 def _block_pair():

@@ -92,6 +92,18 @@ ABLATIONS = {
                       {}),
     # the consumers do not wait for each other's row sums at the end of a tile
     "abl_no_l_wait": ([("    mbarrier.wait(l_bar, phase)", "    pass")], {}),
+    # no Vᵀ stores: the transposes' ldmatrix.trans and prmt run, their stmatrix never does
+    # (under a branch no CTA takes): what the stores, and the barriers between them, cost;
+    # a P·V that reads V where it was gathered would save at most this
+    "abl_no_vt_store": ([], {}, [(
+        "    dst.store(gl.reshape(gl.permute(y, TR_JOIN.value), [2 * J, 32]))",
+        "    if gl.program_id(0) > 1 << 30:\n"
+        "        dst.store(gl.reshape(gl.permute(y, TR_JOIN.value), [2 * J, 32]))")]),
+    # no output store of the default epilogue (O through shared memory, 16 bytes a thread)
+    "abl_no_o_store": ([], {}, [(
+        "                                                                          + cols, 0), x)",
+        "                                                                          + cols, 0), x,"
+        " mask=gl.expand_dims(rows < 0, 1))")]),
 }
 # Block-pair variants: tuning overrides of strictops.ops.sparse_mla.gluon_block_pair.TUNING (persistent
 # CTAs, early transposes, 232/40 registers).
@@ -132,21 +144,36 @@ EXTRA_SHAPES = [
 ]
 
 
-def _ablated(name: str):
-    """A copy of the kernel module with ``ABLATIONS[name]`` applied, imported from a file."""
+def _rewritten(module, replacements, name: str, folder: Path):
+    """A copy of ``module`` with the text ``replacements`` applied, imported from a file in
+    ``folder`` as ``strictops.ops.sparse_mla.<name>`` (so that imports of it resolve)."""
     import importlib.util
-    from strictops.ops.sparse_mla import gluon_block_pair as hopper
-    source = Path(hopper.__file__).read_text()
-    for old, new in ABLATIONS[name][0]:
+    source = Path(module.__file__).read_text()
+    for old, new in replacements:
         assert old in source, (name, old)
         source = source.replace(old, new)
-    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path = folder / f"{name}.py"
     path.write_text(source)
-    # In the package, so that its relative imports resolve.
-    spec = importlib.util.spec_from_file_location(f"strictops.ops.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    spec = importlib.util.spec_from_file_location(f"strictops.ops.sparse_mla.{name}", path)
+    copy = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = copy
+    spec.loader.exec_module(copy)
+    return copy
+
+
+def _ablated(name: str):
+    """A copy of the kernel module with ``ABLATIONS[name]`` applied (a third entry: to a copy
+    of ``gluon_transpose``, which the kernel's copy then imports)."""
+    from strictops.ops.sparse_mla import gluon_block_pair as hopper
+    from strictops.ops.sparse_mla import gluon_transpose
+    replacements, _, *transpose = ABLATIONS[name]
+    folder = Path(tempfile.mkdtemp())
+    if transpose:
+        _rewritten(gluon_transpose, transpose[0], f"{name}_transpose", folder)
+        replacements = [*replacements, (
+            "from strictops.ops.sparse_mla.gluon_transpose import",
+            f"from strictops.ops.sparse_mla.{name}_transpose import")]
+    return _rewritten(hopper, replacements, name, folder)
 
 
 class _Original:

@@ -371,9 +371,9 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
     for p in range(1, n_pairs):
         pv = issue_pv2(C, P0 + p - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)
         s_init = s_zero
-        off = 0.0
+        c = 0.0
         if QK_PREC > 0:
-            c, off = qk_offset(m_run, scale_log2, inv_scale_log2)
+            c = qk_offset(m_run, inv_scale_log2)
             s_init = s_zero - gl.expand_dims(c, 1)
         st = issue_qk(q_nope, q_rope, k_nope, k_rope, k_ready, s_init, 2 * (P0 + p) + C, D_QK,
                       NUM_STAGES, QK_PREC > 0)
@@ -397,7 +397,7 @@ def _consumer_tile(C: gl.constexpr, P0, phase, attn_sink_ptr, out_ptr, max_logit
         if PERSISTENT:
             if p == n_pairs - 1:
                 mbarrier.arrive(q_free)
-        acc, m_run, l_i = softmax_pv1(C, P0 + p, sc, acc, m_run, l_i, scale_log2, off, bias,
+        acc, m_run, l_i = softmax_pv1(C, P0 + p, sc, acc, m_run, l_i, scale_log2, c, bias,
                                        p_smem, mx, vt, k_free, vt_ready, vt_free, p_bar, mx_bar,
                                        NUM_STAGES, NUM_VT, TR_CONS, VT_LDSM, QK_PREC > 0)
     pv = issue_pv2(C, P0 + n_pairs - 1, acc, p_smem, vt, vt_ready, p_bar, NUM_VT, TR_CONS)

@@ -87,15 +87,13 @@ def wait_qk(st, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def qk_offset(m_run, scale_log2, inv_scale_log2):
-    """``(c, off)`` for rows whose running maximum of ``t = s * scale_log2 + bias`` is
-    ``m_run`` (``inv_scale_log2 = 1 / scale_log2``): the chain starts from ``-c``, half the
-    maximum in S units (0 where that is not finite: no valid row yet, a scale of 0 or a
-    subnormal one), and the softmax adds ``off = c * scale_log2`` back to the row's
-    maximum."""
+def qk_offset(m_run, inv_scale_log2):
+    """``c`` for rows whose running maximum of ``t = s * scale_log2 + bias`` is ``m_run``
+    (``inv_scale_log2 = 1 / scale_log2``): the chain starts from ``-c``, half the maximum in S
+    units (0 where that is not finite: no valid row yet, a scale of 0 or a subnormal one), and
+    the softmax adds ``c * scale_log2`` back to the row's maximum (:func:`softmax_pv1`)."""
     c = 0.5 * m_run * inv_scale_log2
-    c = gl.where(gl.abs(c) < float("inf"), c, 0.0)
-    return c, c * scale_log2
+    return gl.where(gl.abs(c) < float("inf"), c, 0.0)
 
 
 @gluon.jit
@@ -114,12 +112,12 @@ def issue_pv2(C: gl.constexpr, p, acc, p_smem, vt, vt_ready, p_bar, NUM_VT: gl.c
 
 
 @gluon.jit
-def softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, off, bias, p_smem, mx,
+def softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, c, bias, p_smem, mx,
                  vt, k_free, vt_ready, vt_free, p_bar, mx_bar, NUM_STAGES: gl.constexpr,
                  NUM_VT: gl.constexpr, TR_CONS: gl.constexpr, VT_LDSM: gl.constexpr,
                  OFFSET: gl.constexpr):
     """Softmax of this consumer's block ``2p + C`` (S in ``sc``; with ``OFFSET`` S less ``c``
-    a row, ``off = c * scale_log2``: ``gluon_mma``), the max chain, P to shared memory, and the
+    a row: :func:`qk_offset`), the max chain, P to shared memory, and the
     first P·V of pair ``p`` (block ``2p``). Returns ``acc`` and ``l_i`` relative to ``m1`` and
     ``m1``, the pair's final maximum."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 64, 32])
@@ -133,8 +131,11 @@ def softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, off, bias, 
     t = sc * scale_log2 + gl.expand_dims(bias.index(s).load(col_s), 0)
     mbarrier.arrive(k_free.index(s))
     m_blk = gl.max(t, 1)
+    # The offset comes back as explicit fused multiply-adds: left to the compiler, whether a
+    # multiply and an add fuse depends on the code around them, and two schedules of the
+    # kernel would round the same S differently.
     if OFFSET:
-        m_blk = m_blk + off
+        m_blk = gl.fma(c, scale_log2, m_blk)
     if C == 0:
         m_new = gl.maximum(m_run, m_blk)
         mx.index(2 * par).store(m_new)
@@ -153,7 +154,7 @@ def softmax_pv1(C: gl.constexpr, p, sc, acc, m_run, l_i, scale_log2, off, bias, 
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     shift = m_ref - HEADROOM
     if OFFSET:
-        shift = shift - off
+        shift = gl.fma(-c, scale_log2, shift)
     pr = gl.exp2(t - gl.expand_dims(shift, 1))
     l_i = l_i * gl.exp2(m_run - m_ref) + gl.sum(pr, 1)
     p8 = pr.to(gl.float8e4nv)
