@@ -693,6 +693,16 @@ def test_hopper_kernel_rounds_alike_with_persistent_ctas_and_one_cta_a_tile():
     assert counts[0]["fma.rn.f32"] > 0
 
 
+@pytest.mark.skipif(op._sparse_mla_sm90 is None, reason="this Triton has no Gluon")
+def test_hopper_kernel_fuses_multiplies_and_adds_whatever_triton_defaults_to(monkeypatch):
+    """Without a GPU: the Gluon kernels' launch options pin fused multiply-adds, so that a
+    Triton whose default is no fusion (``TRITON_DEFAULT_FP_FUSION=0``, the default from Triton
+    3.10 on) compiles the arithmetic measured."""
+    fused = _float_ops(_sm90_ptx("block_pair", 576))
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert _float_ops(_sm90_ptx("block_pair", 576)) == fused
+
+
 # The block-pair kernel with one CTA a tile (the default is persistent).
 ONE_TILE = {"persistent": False, "tr_early": False, "consumer_regs": 224, "producer_regs": 56}
 

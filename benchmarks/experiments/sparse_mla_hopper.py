@@ -227,9 +227,9 @@ def build(module, kernel, d_qk: int, tuning: dict, name: str) -> None:
     signature = SIGNATURE | ({"n_tiles": "i32"} if "n_tiles" in kernel.arg_names else {})
     source = GluonASTSource(kernel, signature | {k: "constexpr" for k in constexprs},
                             constexprs, {(i,): [["tt.divisibility", 16]] for i in range(11)})
+    from strictops.ops.sparse_mla.gluon_shared_s import launch_options
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4,
-                                       "maxnreg": (module.TUNING | tuning)["max_regs"]})
+                              options=launch_options(module.TUNING, tuning))
     ptx = compiled.asm["ptx"]
     bin_dir = Path(triton.__file__).parent / "backends/nvidia/bin"
     with tempfile.TemporaryDirectory() as tmp:

@@ -474,6 +474,17 @@ def constexprs(d_qk: int, has_topk_length: bool, has_attn_sink: bool, has_errors
                 LAG=t["lag"])
 
 
+def launch_options(defaults: dict, tuning: dict) -> dict:
+    """The launch (and compile) options of a Gluon sparse MLA kernel whose ``TUNING`` is
+    ``defaults``, overridden by ``tuning``: one warpgroup's 4 warps a partition, the register
+    limit, the programmatic dependent launch, and multiplies and adds fused where the compiler
+    finds them. Fusion is pinned rather than left to Triton's default (off from Triton 3.10
+    on): the kernels' rounding and instruction counts are those measured with it."""
+    t = tuned(defaults, tuning)
+    return {"num_warps": 4, "maxnreg": t["max_regs"], "launch_pdl": t.get("pdl", False),
+            "enable_fp_fusion": True}
+
+
 def launch_kernel(kernel, constexprs_of, defaults, q, kv, indices, sm_scale, q_scale, kv_scale,
                   attn_sink, topk_length, out, max_logits, lse, topk_length_errors,
                   programs=None, extra=None, **tuning):
@@ -488,8 +499,7 @@ def launch_kernel(kernel, constexprs_of, defaults, q, kv, indices, sm_scale, q_s
         out, max_logits, lse, sm_scale, kv.shape[0], h_q, indices.shape[2], **(extra or {}),
         **constexprs_of(d_qk, topk_length is not None, attn_sink is not None,
                         topk_length_errors is not None, **tuning),
-        num_warps=4, maxnreg=tuned(defaults, tuning)["max_regs"],
-        launch_pdl=tuned(defaults, tuning).get("pdl", False),
+        **launch_options(defaults, tuning),
     )
 
 

@@ -115,11 +115,9 @@ def compile_for_sm90(kernel: str, d_qk: int, **tuning):
                  for name in fn.arg_names}
     pointers = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                 if _SIGNATURE.get(name, "").startswith("*")}
-    tuned = gluon_shared_s.tuned(module.TUNING, tuning)
     return triton.compile(GluonASTSource(fn, signature, constexprs, pointers),
                           target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": tuned["max_regs"],
-                                   "launch_pdl": tuned.get("pdl", False)})
+                          options=gluon_shared_s.launch_options(module.TUNING, tuning))
 
 
 @functools.cache
@@ -165,8 +163,8 @@ def _eager_constants(kernel: str, d_qk: int, has_topk_length: bool, has_attn_sin
     call with the default tuning."""
     module = KERNELS[kernel]
     values = module.constexprs(d_qk, has_topk_length, has_attn_sink, has_errors)
-    return tuple(values.values()), (("num_warps", 4), ("maxnreg", module.TUNING["max_regs"]),
-                                    ("launch_pdl", module.TUNING.get("pdl", False)))
+    return (tuple(values.values()),
+            tuple(gluon_shared_s.launch_options(module.TUNING, {}).items()))
 
 
 def launch_eager(grid, runtime_args, d_qk, has_topk_length, has_attn_sink, has_errors, device):
